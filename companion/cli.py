@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as err:
             # Only tolerate the command module itself being absent (e.g. a trimmed install);
             # a missing dependency inside it is a real error and must surface.
-            if err.name == name:
+            if err.name and (name == err.name or name.startswith(err.name + ".")):
                 continue
             raise
         module.register(sub)
