@@ -1,0 +1,132 @@
+"""Margin bounds on the certificates (THEORY.md items 4 and 5).
+
+Notation: ``p(1) >= p(2) >= ...`` sorted target probabilities, ``y*`` the most likely rejected
+token, ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}``, ``gamma = p(1) - p(2)``.
+
+* Two-point bound (every criterion): any ``q`` whose argmax is ``y*`` has ``q_{y*} >= q_1``,
+  and dropping the other constraints can only lower the minimum, so
+  ``rho* >= s [log 2 - h(p(1)/s)]`` (forward; ``h`` binary entropy, nats) and
+  ``rho* >= -log(1 - (sqrt p(1) - sqrt p_{y*})^2)`` (reverse). By Pinsker on the pair,
+  ``s [log 2 - h(p(1)/s)] >= Delta^2 / (2 s)``.
+* Strict greedy (forward): the pool is exactly ``{1, 2}``, so ``rho*`` equals the two-point value
+  and ``Delta^2/(2s) <= rho* <= Delta^2/s`` (Pinsker below, chi-square above).
+* Margin only: ``rho* >= phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m(1-gamma) log(1-gamma)]/(m+1)``
+  for a width-``m`` greedy tree (``m = 1``: strict greedy), attained when all mass sits on
+  ``g`` and ``m`` competitors at ``p(1) - gamma``; leading term ``m gamma^2 / 2``.
+* Floors: additive ``delta`` gives ``rho* >= delta^2 / 2`` on every target, multiplicative
+  ``alpha`` gives ``rho* >= (1-alpha)^2 p(1) / (2 (1+alpha))``; width-``m`` trees give
+  ``rho*_tree >= Delta_m^2 / 2`` with ``Delta_m = p(1) - p(m+1)``, and ``rho*_tree -> log(m+1)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from companion.certificates import _accepted_count
+from companion.criteria import Criterion, parse_criterion
+from companion.summary import summarize
+from companion.validation import check_divergence, check_tree_width
+
+
+def _as_tensor(x: float | Tensor) -> Tensor:
+    return x.to(torch.float64) if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
+
+
+def pair_cost(a: Tensor, b: Tensor, divergence: str = "forward") -> Tensor:
+    """Cost of pooling exactly two tokens with probabilities ``a >= b`` into one level.
+
+    forward: ``a log(2a/(a+b)) + b log(2b/(a+b)) = s [log 2 - h(a/s)]``;
+    reverse: ``-log(1 - (sqrt a - sqrt b)^2)``.
+    """
+    check_divergence(divergence)
+    a, b = _as_tensor(a), _as_tensor(b)
+    if divergence == "forward":
+        mean = (a + b) / 2
+        return torch.xlogy(a, a / mean) + torch.xlogy(b, b / mean)
+    return -torch.log1p(-((a.sqrt() - b.sqrt()) ** 2))
+
+
+def _top_and_boundary(p: Tensor, criterion: Criterion, from_logits: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(p(1), p_{y*}, rejected_nonempty)`` per row, float64, shape ``p.shape[:-1]``."""
+    criterion.check_vocab(p.shape[-1])
+    # The full sort keeps this exact for any boundary depth; bounds are not on a hot path.
+    s = summarize(p, from_logits=from_logits, k=p.shape[-1], with_entropy=criterion.needs_entropy)
+    tau = criterion.threshold_from_summary(s)
+    r = _accepted_count(s.values, tau, criterion)
+    nonempty = r < s.vocab
+    p_star = s.values.gather(1, r.clamp(max=s.vocab - 1).unsqueeze(1)).squeeze(1)
+    shape = s.lead_shape
+    return s.values[:, 0].reshape(shape), p_star.reshape(shape), nonempty.reshape(shape)
+
+
+def two_point_bound(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
+    """Lower bound ``pair_cost(p(1), p_{y*})`` on ``rho*`` valid for every criterion (``+inf`` if nothing is rejected)."""
+    c = parse_criterion(criterion)
+    top, star, nonempty = _top_and_boundary(p, c, from_logits)
+    bound = pair_cost(top, star, divergence)
+    return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
+
+
+def margin_quadratic_bound(p: Tensor, criterion: Criterion | str, *, from_logits: bool = False) -> Tensor:
+    """``Delta^2 / (2 s)`` with ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}`` (forward; any criterion)."""
+    c = parse_criterion(criterion)
+    top, star, nonempty = _top_and_boundary(p, c, from_logits)
+    bound = (top - star) ** 2 / (2 * (top + star))
+    return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
+
+
+def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False) -> tuple[Tensor, Tensor]:
+    """Strict greedy, forward: ``(Delta^2/(2s), Delta^2/s)`` with ``Delta = p(1)-p(2)``, ``s = p(1)+p(2)``.
+
+    With an exact tie at the top, ``p(2)`` here is the largest probability below ``p(1)``
+    (the boundary of the rejection region), matching the certificate.
+    """
+    lower = margin_quadratic_bound(p, "greedy", from_logits=from_logits)
+    return lower, 2 * lower
+
+
+def margin_only_bound(gamma: float | Tensor, m: int = 1) -> Tensor:
+    """``phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m (1-gamma) log(1-gamma)] / (m+1)``.
+
+    The tight lower bound on the width-``m`` tree certificate (``m = 1``: strict greedy) given
+    only the top-2 margin ``gamma = p(1) - p(2)`` in ``[0, 1]``; ``phi_m(gamma) >= m gamma^2 / 2``.
+    """
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be an integer >= 1, got {m!r}")
+    g = _as_tensor(gamma)
+    if bool(((g < 0) | (g > 1) | torch.isnan(g)).any()):
+        raise ValueError("gamma must lie in [0, 1]")
+    return (torch.xlogy(1 + m * g, 1 + m * g) + m * torch.xlogy(1 - g, 1 - g)) / (m + 1)
+
+
+def margin_only_leading_term(gamma: float | Tensor, m: int = 1) -> Tensor:
+    """Leading term ``m gamma^2 / 2`` of :func:`margin_only_bound` as ``gamma -> 0``."""
+    return m * _as_tensor(gamma) ** 2 / 2
+
+
+def additive_floor(delta: float | Tensor) -> Tensor:
+    """``delta^2 / 2``: additive relaxation certifies at least this on every target with ``R(p)`` non-empty."""
+    return _as_tensor(delta) ** 2 / 2
+
+
+def multiplicative_floor(alpha: float | Tensor, p1: float | Tensor) -> Tensor:
+    """``(1-alpha)^2 p(1) / (2 (1+alpha))``: multiplicative relaxation's floor given the top probability."""
+    a = _as_tensor(alpha)
+    return (1 - a) ** 2 * _as_tensor(p1) / (2 * (1 + a))
+
+
+def tree_delta_bound(p: Tensor, m: int, *, from_logits: bool = False) -> Tensor:
+    """``Delta_m^2 / 2`` with ``Delta_m = p(1) - p(m+1)``: a simple lower bound on the width-``m`` tree certificate."""
+    check_tree_width(m, p.shape[-1])
+    s = summarize(p, from_logits=from_logits, k=m + 1)
+    gap = s.values[:, 0] - s.values[:, m]
+    return (gap**2 / 2).reshape(s.lead_shape)
+
+
+def tree_ceiling(m: int) -> float:
+    """``log(m + 1)``: the forward tree certificate's limit as ``p(1) -> 1``."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be an integer >= 1, got {m!r}")
+    return math.log(m + 1)

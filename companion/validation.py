@@ -1,0 +1,160 @@
+"""Input checks shared by every certificate and criterion.
+
+A row of ``p`` is one next-token distribution; ``p`` may carry any number of leading batch
+dimensions. Bad rows are reported by their index in those leading dimensions, so that a user
+who passes a ``[batch, steps, V]`` tensor learns which step of which prompt was malformed.
+
+Row-sum tolerance (absolute, on the sum accumulated in float64):
+
+* float64 / float32 input: ``|sum - 1| <= 1e-4``
+* bfloat16 / float16 input: ``|sum - 1| <= 2e-2`` (each entry carries ~0.4% rounding)
+
+Rows inside the tolerance are renormalised in float64 before any certificate is computed,
+so the results are those of the exact distribution ``p / sum(p)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+DIVERGENCES = ("forward", "reverse")
+
+ROW_SUM_TOLERANCE: dict[torch.dtype, float] = {
+    torch.float64: 1e-4,
+    torch.float32: 1e-4,
+    torch.bfloat16: 2e-2,
+    torch.float16: 2e-2,
+}
+
+
+def _row_name(flat_index: int, lead_shape: torch.Size) -> str:
+    if len(lead_shape) == 0:
+        return "the distribution"
+    idx = []
+    rem = flat_index
+    for size in reversed(lead_shape):
+        idx.append(rem % size)
+        rem //= size
+    return f"row {tuple(reversed(idx)) if len(lead_shape) > 1 else idx[0]}"
+
+
+def _first_bad(mask: Tensor, lead_shape: torch.Size) -> str:
+    flat = int(torch.nonzero(mask.reshape(-1))[0, 0])
+    return _row_name(flat, lead_shape)
+
+
+def check_divergence(divergence: str) -> str:
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
+    return divergence
+
+
+def check_distribution_tensor(p: Tensor, what: str = "p") -> None:
+    """Shape and dtype checks that need no pass over the data."""
+    if not isinstance(p, Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(p).__name__}")
+    if p.dim() < 1:
+        raise ValueError(f"{what} must have shape [..., V] with V >= 1, got a scalar")
+    if p.shape[-1] < 1:
+        raise ValueError(f"{what} must have shape [..., V] with V >= 1, got {tuple(p.shape)}")
+    if p.numel() == 0:
+        raise ValueError(f"{what} is empty (shape {tuple(p.shape)})")
+    if not p.is_floating_point():
+        raise ValueError(f"{what} must be a floating-point tensor, got {p.dtype}")
+
+
+def row_sums(p: Tensor, what: str = "p") -> Tensor:
+    """Validate probability rows and return their float64 sums (shape ``p.shape[:-1]``).
+
+    Raises ``ValueError`` naming the first offending row for NaN/inf entries, negative
+    entries, or a sum outside the dtype's tolerance.
+    """
+    check_distribution_tensor(p, what)
+    lead = p.shape[:-1]
+    sums = p.sum(-1, dtype=torch.float64)
+    # NaN or +-inf anywhere in a row makes its sum non-finite: one pass catches both.
+    bad = ~torch.isfinite(sums)
+    if bool(bad.any()):
+        raise ValueError(f"{what} has NaN or infinite entries in {_first_bad(bad, lead)}")
+    negative = p.amin(-1) < 0
+    if bool(negative.any()):
+        raise ValueError(f"{what} has negative probabilities in {_first_bad(negative, lead)}")
+    tol = ROW_SUM_TOLERANCE.get(p.dtype, 1e-4)
+    off = (sums - 1).abs() > tol
+    if bool(off.any()):
+        where = _first_bad(off, lead)
+        flat = int(torch.nonzero(off.reshape(-1))[0, 0])
+        raise ValueError(
+            f"{what} must sum to 1 along the last dimension (tolerance {tol:g} for {p.dtype}); "
+            f"{where} sums to {float(sums.reshape(-1)[flat]):.6g}. "
+            "Pass from_logits=True if these are logits."
+        )
+    return sums
+
+
+def logsumexp_checked(logits: Tensor, what: str = "logits") -> Tensor:
+    """float32-accumulated log-normaliser of logit rows, as float64; rejects NaN and +inf.
+
+    ``-inf`` logits (masked tokens) are allowed as long as one entry per row is finite.
+    """
+    check_distribution_tensor(logits, what)
+    lead = logits.shape[:-1]
+    work = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    lse = torch.logsumexp(work, dim=-1).to(torch.float64)
+    # logsumexp is NaN with any NaN, +inf with any +inf, -inf when every entry is -inf.
+    bad = torch.isnan(lse)
+    if bool(bad.any()):
+        raise ValueError(f"{what} has NaN entries in {_first_bad(bad, lead)}")
+    bad = torch.isposinf(lse)
+    if bool(bad.any()):
+        raise ValueError(f"{what} has +inf entries in {_first_bad(bad, lead)}")
+    bad = torch.isneginf(lse)
+    if bool(bad.any()):
+        raise ValueError(f"{what} has every entry -inf in {_first_bad(bad, lead)}")
+    return lse
+
+
+def check_tree_width(m: int, vocab: int) -> int:
+    if isinstance(m, bool) or not isinstance(m, int):
+        raise ValueError(f"tree width m must be an integer, got {m!r}")
+    if m < 1:
+        raise ValueError(f"tree width m must be >= 1, got {m}")
+    if m >= vocab:
+        raise ValueError(f"tree width m={m} must be smaller than the vocabulary size V={vocab}")
+    return m
+
+
+def check_token(token: Tensor | int, lead_shape: torch.Size, vocab: int, device: torch.device) -> Tensor:
+    """Broadcast a token id (or a tensor of ids over the leading dims) and range-check it."""
+    tok = torch.as_tensor(token, device=device)
+    if tok.is_floating_point() or tok.dtype == torch.bool:
+        raise ValueError(f"token ids must be integers, got dtype {tok.dtype}")
+    tok = tok.to(torch.long)
+    try:
+        tok = tok.expand(lead_shape)
+    except RuntimeError as err:
+        raise ValueError(
+            f"token ids of shape {tuple(tok.shape)} do not match the batch shape {tuple(lead_shape)}"
+        ) from err
+    out = (tok < 0) | (tok >= vocab)
+    if bool(out.any()):
+        raise ValueError(f"token id out of range [0, {vocab}) in {_first_bad(out, lead_shape)}")
+    return tok
+
+
+def finite_positive(name: str, value: float, *, allow_zero: bool = False, upper: float | None = None) -> float:
+    """Check a scalar parameter; return it as float."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name} must be a number, got {value!r}") from err
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if x < 0 or (x == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    if upper is not None and x > upper:
+        raise ValueError(f"{name} must be <= {upper}, got {value!r}")
+    return x
