@@ -40,6 +40,7 @@ input's device; results are float64 with the input's leading shape.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -86,43 +87,44 @@ def _reverse_pool_cost(vals: Tensor, mask: Tensor, mean_log: Tensor) -> Tensor:
     return -torch.log1p(-excess.clamp(max=1.0))
 
 
-def level_set_cost(values: Tensor, r: Tensor, vocab: int, divergence: str) -> tuple[Tensor, Tensor, Tensor]:
-    """Certificate from sorted values: ``C(p, y*)`` with ``y*`` at sorted position ``r``.
+def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``C(p, y)`` from the top of a sorted distribution: the pooled-minimiser scan.
 
-    ``values``: ``[N, K]`` float64, each row sorted decreasingly (the top ``K`` of a
-    distribution over ``vocab`` tokens). ``r``: ``[N]`` number of tokens strictly above the
-    pooling candidate set boundary, i.e. the 0-based position of ``y*``.
-    Returns ``(cost, j_star, incomplete)``: ``cost`` is ``+inf`` where ``r >= vocab`` (nothing
-    rejected); ``j_star`` the number of top tokens pooled with ``y*``; ``incomplete`` marks rows
-    whose ``y*`` lies beyond the ``K`` values given (their ``cost`` is meaningless).
+    ``values``: ``[N, K]`` float64, each row the ``K`` largest probabilities in decreasing order.
+    ``p_y``: ``[N]`` the probability of the token ``y`` to be lifted to a maximum.
+    ``n_above``: ``[N]`` how many tokens have probability strictly above ``p_y`` (the pooling
+    candidates; may exceed ``K``). Pooling the top ``j`` gives the level
+    ``L_j = (p_y + sum_{i<=j} p(i)) / (j+1)`` (forward) or its geometric analogue (reverse); the
+    minimiser pools ``j* = argmax_j L_j`` (first maximum) tokens.
+
+    Returns ``(cost, j_star, incomplete)``; ``incomplete`` marks rows whose scan had not stopped
+    within the ``K`` values given (``j* = K < n_above``): their ``cost`` must be recomputed from
+    more values.
     """
     n, k = values.shape
-    empty = r >= vocab
-    incomplete = (r >= k) & ~empty
-    pos = r.clamp(max=k - 1)
-    p_y = values.gather(1, pos.unsqueeze(1)).squeeze(1)
-    j = torch.arange(k, device=values.device)
+    j = torch.arange(k + 1, device=values.device)
     zero_col = torch.zeros(n, 1, dtype=values.dtype, device=values.device)
     if divergence == "forward":
-        prefix = torch.cat([zero_col, values[:, : k - 1].cumsum(1)], dim=1)
+        prefix = torch.cat([zero_col, values.cumsum(1)], dim=1)
         score = (p_y.unsqueeze(1) + prefix) / (j + 1)
     else:
-        logs = torch.log(values[:, : k - 1])
-        prefix = torch.cat([zero_col, logs.cumsum(1)], dim=1)
+        # log 0 = -inf only occurs below y*, where the mask below removes it.
+        prefix = torch.cat([zero_col, torch.log(values).cumsum(1)], dim=1)
         score = (torch.log(p_y).unsqueeze(1) + prefix) / (j + 1)
-    allowed = j.unsqueeze(0) <= pos.unsqueeze(1)
+    allowed = j.unsqueeze(0) <= n_above.unsqueeze(1)
     score = torch.where(allowed, score, torch.full_like(score, -torch.inf))
-    j_star = score.argmax(1)  # first maximum: the scan's stopping point
+    j_star = score.argmax(1)  # first maximum: where the scan stops
     level = score.gather(1, j_star.unsqueeze(1)).squeeze(1)
-    # Pool = top j_star tokens plus y* itself (position pos).
-    pool = (j.unsqueeze(0) < j_star.unsqueeze(1)) | (j.unsqueeze(0) == pos.unsqueeze(1))
+    incomplete = (j_star == k) & (n_above > k)
+    pool_vals = torch.cat([values, p_y.unsqueeze(1)], dim=1)
+    pool = torch.cat([j[:k].unsqueeze(0) < j_star.unsqueeze(1),
+                      torch.ones(n, 1, dtype=torch.bool, device=values.device)], dim=1)
     if divergence == "forward":
-        cost = _forward_pool_cost(values, pool, level)
+        cost = _forward_pool_cost(pool_vals, pool, level)
     else:
-        cost = _reverse_pool_cost(values, pool, level)
-        # y* with p = 0 cannot be lifted to a maximum at finite KL(q || p).
+        cost = _reverse_pool_cost(pool_vals, pool, level)
+        # y with p_y = 0 cannot be lifted to a maximum at finite KL(q || p).
         cost = torch.where(p_y > 0, cost, torch.full_like(cost, torch.inf))
-    cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
     return cost, j_star, incomplete
 
 
@@ -156,9 +158,58 @@ def tree_cost(values: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor]:
     return cost, j_star
 
 
+def _take_rows(flat: Tensor, idx: Tensor) -> Tensor:
+    """``flat[idx]`` without the copy when ``idx`` is every row (copies of [256, 151936] are not free)."""
+    if idx.numel() == flat.shape[0]:
+        return flat
+    return flat.index_select(0, idx)
+
+
 def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
     accepted = criterion.accept_from(values, tau.unsqueeze(1))
     return accepted.sum(1)
+
+
+def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criterion, from_logits: bool) -> Tensor:
+    """``max { p_z : z rejected }`` per row (normalised, float64), ``-1`` where nothing is rejected.
+
+    One masked pass over the rows given; used only when every one of the top ``K`` is accepted.
+    """
+    if from_logits:
+        # p_z < tau  <=>  logit_z < log(tau) + logsumexp.
+        bound = (torch.log(tau.clamp(min=0)) + sums).unsqueeze(1)
+        work = flat.to(torch.float64) if flat.dtype != torch.float64 else flat
+        rejected = work <= bound if criterion.strict else work < bound
+        best = torch.where(rejected, work, torch.full_like(work, -torch.inf)).amax(1)
+        return torch.where(torch.isneginf(best), torch.full_like(best, -1.0), torch.exp(best - sums))
+    bound = (tau * sums).unsqueeze(1)
+    rejected = ~criterion.accept_from(flat, bound)
+    best = torch.where(rejected, flat, torch.full_like(flat, -1.0)).amax(1).to(torch.float64)
+    return torch.where(best < 0, best, best / sums)
+
+
+def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
+    """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters.
+
+    ``tau = min(eps, delta e^{-H})`` equals ``eps`` whenever ``H <= log(delta/eps)``. From the top
+    ``K`` we have ``H <= H_top + R log((V-K)/R)`` (tail mass ``R`` spread uniformly), so peaked rows
+    skip the pass over the vocabulary; the value stored for them is that upper bound, which yields
+    the same threshold. Not a general-purpose entropy: local to :func:`certificates`.
+    """
+    v = s.values
+    upper = -torch.xlogy(v, v).sum(1)
+    tail = (1 - v.sum(1)).clamp(min=0)
+    if s.k < s.vocab:
+        upper = upper + torch.xlogy(tail, (s.vocab - s.k) / tail.clamp(min=1e-300))
+    need = torch.zeros_like(upper, dtype=torch.bool)
+    for c in crits:
+        if c.needs_entropy:
+            need |= c.delta * torch.exp(-upper) < c.eps * (1 + 1e-9)
+    if not bool(need.any()):
+        return upper
+    idx = torch.nonzero(need).squeeze(1)
+    exact = summarize(_take_rows(flat, idx), from_logits=from_logits, k=1, with_entropy=True).entropy
+    return upper.index_copy(0, idx, exact)
 
 
 def certificates(
@@ -173,8 +224,9 @@ def certificates(
     """Certificates of several criteria (and tree widths) from one pass over ``p``.
 
     Returns ``{(str(criterion), divergence): rho*}`` and ``{("tree:m", divergence): rho*_tree}``,
-    each float64 of shape ``p.shape[:-1]``. ``top`` is the size of the shared ``topk``
-    summary; rows whose rejection boundary lies deeper are recomputed exactly from a sort.
+    each float64 of shape ``p.shape[:-1]`` (``+inf`` where nothing is rejected). ``top`` is the
+    size of the shared ``topk`` summary; rows whose rejection boundary lies deeper get one
+    masked pass, and rows whose pooled set is deeper still are redone from a full sort.
     """
     crits = parse_criteria(criteria) if criteria else []
     divs = [check_divergence(d) for d in divergences]
@@ -183,15 +235,34 @@ def certificates(
     for c in crits:
         c.check_vocab(vocab)
     k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
-    s = summarize(p, from_logits=from_logits, k=k, with_entropy=any(c.needs_entropy for c in crits))
+    s = summarize(p, from_logits=from_logits, k=k)
+    flat = p.reshape(-1, vocab)
+    if any(c.needs_entropy for c in crits):
+        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s)
         r = _accepted_count(s.values, tau, c)
+        pos = r.clamp(max=s.k - 1)
+        p_y = s.values.gather(1, pos.unsqueeze(1)).squeeze(1)
+        # Every probability is >= 0, so tau <= 0 accepts everything (typical is strict: tau > 0).
+        empty = (r >= s.vocab) | ((tau <= 0) & (not c.strict))
+        deep = (r >= s.k) & ~empty
+        n_above = r
+        if bool(deep.any()):
+            idx = torch.nonzero(deep).squeeze(1)
+            rows = _take_rows(flat, idx)
+            best = _deepest_rejected(rows, _row_normalisers(rows, from_logits), tau.index_select(0, idx), c, from_logits)
+            p_y = p_y.index_copy(0, idx, best.clamp(min=0))
+            empty = empty.index_copy(0, idx, best < 0)
+            # Unknown count beyond K: let the scan run over all K values.
+            n_above = n_above.index_copy(0, idx, torch.full_like(idx, s.vocab))
         for div in divs:
-            cost, _, incomplete = level_set_cost(s.values, r, s.vocab, div)
+            cost, _, incomplete = level_set_cost(s.values, p_y, n_above, div)
+            incomplete &= ~empty
             if bool(incomplete.any()):
-                cost = _redo_from_sort(p, from_logits, incomplete, tau, c, div, cost)
+                cost = _redo_from_sort(flat, from_logits, incomplete, tau, c, div, cost)
+            cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
             out[(str(c), div)] = cost.reshape(s.lead_shape)
     for m in widths:
         for div in divs:
@@ -200,17 +271,45 @@ def certificates(
     return out
 
 
+def _row_normalisers(rows: Tensor, from_logits: bool) -> Tensor:
+    """Row sums (probabilities) or log-sum-exps (logits), float64, as ``summarize`` used them."""
+    if from_logits:
+        work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
+        return torch.logsumexp(work, dim=-1).to(torch.float64)
+    return rows.sum(-1, dtype=torch.float32 if rows.dtype != torch.float64 else torch.float64).to(torch.float64)
+
+
 def _redo_from_sort(
-    p: Tensor, from_logits: bool, rows: Tensor, tau: Tensor, c: Criterion, div: str, cost: Tensor
+    flat: Tensor, from_logits: bool, rows: Tensor, tau: Tensor, c: Criterion, div: str, cost: Tensor
 ) -> Tensor:
-    """Exact costs for the rows whose boundary lies beyond the top-K summary (full sort)."""
-    flat = p.reshape(-1, p.shape[-1])
+    """Exact costs for rows whose pooled set reaches beyond the top-K summary.
+
+    Widens the summary eightfold per round (``topk`` on those rows only) until every scan has
+    stopped; the last round is a full sort, so this always terminates exactly.
+    """
     idx = torch.nonzero(rows).squeeze(1)
-    full = sorted_rows(flat.index_select(0, idx), from_logits=from_logits)
-    r = _accepted_count(full.values, tau.index_select(0, idx), c)
-    redone, _, still = level_set_cost(full.values, r, full.vocab, div)
-    assert not bool(still.any()), "a full sort cannot be incomplete"
-    return cost.index_copy(0, idx, redone)
+    vocab = flat.shape[1]
+    k = DEFAULT_TOP
+    while idx.numel():
+        k = min(vocab, 8 * k)
+        sub = summarize(_take_rows(flat, idx), from_logits=from_logits, k=k)
+        sub_tau = tau.index_select(0, idx)
+        r = _accepted_count(sub.values, sub_tau, c)
+        p_y = sub.values.gather(1, r.clamp(max=k - 1).unsqueeze(1)).squeeze(1)
+        n_above = r
+        deep = r >= k
+        if bool(deep.any()):
+            # y* lies beyond the wider summary too: find it by one masked pass.
+            didx = torch.nonzero(deep).squeeze(1)
+            rows_d = _take_rows(flat, idx.index_select(0, didx))
+            best = _deepest_rejected(rows_d, _row_normalisers(rows_d, from_logits), sub_tau.index_select(0, didx), c, from_logits)
+            p_y = p_y.index_copy(0, didx, best.clamp(min=0))
+            n_above = n_above.index_copy(0, didx, torch.full_like(didx, vocab))
+        redone, _, still = level_set_cost(sub.values, p_y, n_above, div)
+        done = ~still
+        cost = cost.index_copy(0, idx[done], redone[done])
+        idx = idx[still]
+    return cost
 
 
 def certificate(
@@ -254,9 +353,9 @@ def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", 
     tok = check_token(token, full.lead_shape, full.vocab, p.device).reshape(-1)
     # p_y is read from the sorted row: position of the token in the sort.
     where = (full.indices == tok.unsqueeze(1)).to(torch.long).argmax(1)
-    p_y = full.values.gather(1, where.unsqueeze(1))
-    r = (full.values > p_y).sum(1)
-    cost, _, _ = level_set_cost(full.values, r, full.vocab + 1, divergence)  # never "empty"
+    p_y = full.values.gather(1, where.unsqueeze(1)).squeeze(1)
+    n_above = (full.values > p_y.unsqueeze(1)).sum(1)
+    cost, _, _ = level_set_cost(full.values, p_y, n_above, divergence)
     return cost.reshape(full.lead_shape)
 
 
@@ -294,9 +393,10 @@ def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", 
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
     tau = c.threshold_from_summary(full)
     r = _accepted_count(full.values, tau, c)
-    _, j_star, _ = level_set_cost(full.values, r, full.vocab, divergence)
-    j = torch.arange(full.vocab, device=p.device)
     pos = r.clamp(max=full.vocab - 1)
+    p_y = full.values.gather(1, pos.unsqueeze(1)).squeeze(1)
+    _, j_star, _ = level_set_cost(full.values, p_y, r, divergence)
+    j = torch.arange(full.vocab, device=p.device)
     pool = (j.unsqueeze(0) < j_star.unsqueeze(1)) | (j.unsqueeze(0) == pos.unsqueeze(1))
     vals = torch.where(pool, full.values, torch.zeros_like(full.values))
     size = pool.sum(1)
