@@ -1,0 +1,158 @@
+"""``companion retrain`` and ``companion pair-report``: rebuild and describe the embedded pair."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from companion.tiny_pair import ASSET_DIR
+
+DEFAULT_RETRAIN_OUT = Path("runs") / "default_pair"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``retrain`` and ``pair-report`` subcommands."""
+    p = subparsers.add_parser(
+        "retrain",
+        help="rebuild the embedded target/drafter pair from the Python standard library (offline, seeded)",
+        description="Train the tokenizer, the target and the distilled drafter, then write the pair, the default "
+                    "prompts and manifest.json to --out (built in a staging folder, renamed into place at the end). "
+                    "To regenerate the committed assets: --out companion/assets/default_pair.",
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_RETRAIN_OUT,
+                   help=f"destination folder (default: {DEFAULT_RETRAIN_OUT}; replaced atomically if it exists)")
+    p.add_argument("--shrink", action="store_true", help="tiny configuration that runs in seconds (for checks)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: the config's, 0)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set target_stage.steps=100 (repeatable)")
+    p.add_argument("--compare-to", type=Path, default=ASSET_DIR / "manifest.json",
+                   help="manifest to compare the rebuilt files against (default: the committed one)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_retrain)
+
+    r = subparsers.add_parser(
+        "pair-report",
+        help="figures of a target/drafter pair: held-out loss, agreement, sum(min(p,q)), top-1 spread, speed",
+        description="Print the pair's manifest figures, re-measure load time and greedy speed on this machine, and "
+                    "recompute the held-out figures when this interpreter's standard library matches the training corpus.",
+    )
+    r.add_argument("--pair", type=Path, default=ASSET_DIR, help="pair folder (default: the embedded pair)")
+    r.add_argument("--no-recompute", action="store_true", help="do not recompute held-out figures")
+    r.add_argument("--no-speed", action="store_true", help="do not measure load time and tokens/s")
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    r.set_defaults(func=cmd_pair_report)
+
+
+def cmd_retrain(args: argparse.Namespace) -> int:
+    from companion.tiny_pair.config import apply_overrides, default_config, shrunk_config
+    from companion.tiny_pair.train import build_pair, compare_to_manifest
+
+    cfg = shrunk_config() if args.shrink else default_config()
+    overrides = dict(_split_kv(s) for s in args.overrides)
+    if args.seed is not None:
+        overrides["seed"] = str(args.seed)
+    cfg = apply_overrides(cfg, overrides)
+    result = build_pair(cfg, args.out, progress=not args.no_progress)
+    print(f"wrote {result.out_dir}")
+    print(format_report(result.manifest, None))
+    ref_path: Path = args.compare_to
+    if ref_path.is_file() and ref_path.resolve() != (result.out_dir / "manifest.json").resolve():
+        diffs = compare_to_manifest(result.manifest, json.loads(ref_path.read_text()))
+        if diffs:
+            print(f"differs from {ref_path}:")
+            for d in diffs:
+                print(f"  {d}")
+        else:
+            print(f"identical to {ref_path}: every file's sha256 matches")
+    return 0
+
+
+def _split_kv(s: str) -> tuple[str, str]:
+    if "=" not in s:
+        raise SystemExit(f"--set expects KEY=VALUE, got {s!r}")
+    k, v = s.split("=", 1)
+    return k.strip(), v.strip()
+
+
+def cmd_pair_report(args: argparse.Namespace) -> int:
+    from companion.tiny_pair.report import pair_report
+
+    manifest, fresh = pair_report(args.pair, recompute=not args.no_recompute, speed=not args.no_speed)
+    if args.json:
+        print(json.dumps({"manifest_figures": manifest.get("figures"), "manifest_speed": manifest.get("speed"),
+                          "fresh": fresh}, indent=1))
+    else:
+        print(format_report(manifest, fresh))
+    return 0 if fresh.get("files_ok", True) else 1
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return "-" if x is None else str(x)
+
+
+def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str:
+    """Plain-text report: sizes, training, held-out and greedy figures (manifest vs fresh), speed."""
+    m, f = manifest, fresh or {}
+    fig, ffig = m.get("figures", {}), f.get("figures") or {}
+    out = []
+    models = m.get("models", {})
+    out.append(f"pair: target {models.get('target', {}).get('params', 0):,} params, drafter "
+               f"{models.get('drafter', {}).get('params', 0):,} params, vocab {models.get('vocab_size')}, "
+               f"stored as {models.get('save_dtype')}")
+    tr = m.get("training", {})
+    for name in ("target", "drafter"):
+        s = tr.get(name, {})
+        what = "loss" if name == "target" else "KL(target||drafter)"
+        out.append(f"training {name}: {s.get('steps')} steps, {s.get('tokens'):,} tokens, {s.get('seconds')} s "
+                   f"({s.get('tokens_per_second')} tok/s), {what} {s.get('first_loss_mean')} -> {s.get('last_loss_mean')}")
+    if "files_ok" in f:
+        out.append("files: " + ("every sha256 matches the manifest" if f["files_ok"] else
+                                "MISMATCH: " + ", ".join(f.get("files_bad", []))))
+    if f.get("corpus_note"):
+        out.append(f"corpus: {f['corpus_note']}")
+    cols = "manifest" + ("     fresh" if ffig else "")
+    out.append(f"\nheld-out text, teacher-forced ({fig.get('eval_tokens')} tokens)      {cols}")
+    rows = [("target loss (nats/token)", "target_loss"), ("drafter loss (nats/token)", "drafter_loss"),
+            ("target top-1 accuracy", "target_accuracy"), ("drafter top-1 accuracy", "drafter_accuracy")]
+    for label, key in rows:
+        out.append(f"  {label:<40} {_fmt(fig.get(key)):>8}" + (f"  {_fmt(ffig.get(key)):>8}" if ffig else ""))
+    for section, title in (("held_out", "held-out steps"), ("greedy", "greedy continuations of default prompts")):
+        s, fs = fig.get(section) or {}, (ffig.get(section) or {}) if ffig else {}
+        if not s:
+            continue
+        out.append(f"{title} ({s.get('n_steps')} steps)")
+        for label, key in (
+            ("drafter top-1 agreement with target", "agreement_top1"),
+            ("mean sum(min(p, q))", "overlap"),
+            ("mean KL(p||q)", "kl_pq"),
+            ("mean KL(q||p)", "kl_qp"),
+            ("target top-1 prob: mean", "target_top1_mean"),
+            ("target top-1 prob: median", "target_top1_median"),
+            ("target top-1 prob: 5th percentile", "target_top1_p5"),
+            ("target top-10 mass: mean", "target_top10_mass"),
+            ("share of peaked steps (p1 >= 0.9)", "frac_peaked"),
+            ("share of flat steps (p1 < 0.3)", "frac_flat"),
+            ("share of near-ties (p1 - p2 < 0.05)", "frac_near_tie"),
+        ):
+            out.append(f"  {label:<40} {_fmt(s.get(key)):>8}" + (f"  {_fmt(fs.get(key)):>8}" if fs else ""))
+    out.append("  (Qwen3 on chat prompts, for comparison: top-1 prob mean ~0.85, median ~0.97, 5th pct ~0.35)")
+    sp, fsp = m.get("speed") or {}, f.get("speed") or {}
+    if sp or fsp:
+        out.append(f"\nspeed ({(fsp or sp).get('device')}, {(fsp or sp).get('torch_threads')} threads, batch 1, KV cache)"
+                   f"       {'manifest' if sp else ''}" + ("     fresh" if fsp else ""))
+        for label, key in (("load_pair time (s)", "load_seconds"),
+                           ("target greedy tokens/s", "target_greedy_tokens_per_s"),
+                           ("drafter greedy tokens/s", "drafter_greedy_tokens_per_s")):
+            out.append(f"  {label:<40} {_fmt(sp.get(key), 2):>8}" + (f"  {_fmt(fsp.get(key), 2):>8}" if fsp else ""))
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser(prog="companion")
+    register(parser.add_subparsers(dest="command"))
+    a = parser.parse_args()
+    sys.exit(a.func(a))

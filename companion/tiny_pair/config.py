@@ -1,0 +1,129 @@
+"""Configuration of the embedded pair's training recipe.
+
+Two presets: :func:`default_config` (the committed assets; about 16 minutes on 2 CPU cores) and
+:func:`shrunk_config` (a few seconds; used by the tests and by ``companion retrain --shrink``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of one ``Qwen3ForCausalLM`` (embeddings tied, as in Qwen3's small models)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Optimiser schedule of one training stage: AdamW, linear warm-up, cosine decay to ``min_lr_ratio``."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines the trained pair, given the corpus and the package versions."""
+
+    seed: int = 0
+    vocab_size: int = 4096
+    max_files: int | None = None  # None: every selected stdlib file
+    seq_len: int = 256  # training window; default prompts (<= 128 tokens) + 128 greedy steps fit
+    max_position_embeddings: int = 512
+    rope_theta: float = 10000.0
+    target: ModelSpec = ModelSpec(256, 5, 768, 4, 2, 64)
+    drafter: ModelSpec = ModelSpec(80, 2, 224, 2, 1, 40)
+    target_stage: StageSpec = StageSpec(steps=850, batch_size=8, lr=3e-3, warmup_steps=50)
+    drafter_stage: StageSpec = StageSpec(steps=500, batch_size=8, lr=5e-3, warmup_steps=30)
+    save_dtype: str = "float16"
+    num_threads: int = 2  # CPU float reductions depend on the thread count: part of the recipe
+    eval_max_tokens: int = 65536  # held-out tokens scored for the manifest figures
+    n_prompts: int = 256
+    prompt_min_tokens: int = 64
+    prompt_max_tokens: int = 128
+    greedy_prompts: int = 32  # prompts continued greedily for the on-policy figures
+    greedy_steps: int = 64
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes carried into the manifest
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        d = dict(d)
+        d["target"] = ModelSpec(**d["target"])
+        d["drafter"] = ModelSpec(**d["drafter"])
+        d["target_stage"] = StageSpec(**d["target_stage"])
+        d["drafter_stage"] = StageSpec(**d["drafter_stage"])
+        return cls(**d)
+
+
+def default_config() -> TrainConfig:
+    """The recipe of the committed ``companion/assets/default_pair``."""
+    return TrainConfig()
+
+
+def shrunk_config(seed: int = 0) -> TrainConfig:
+    """A tiny recipe that runs in seconds: same code path, toy sizes."""
+    return TrainConfig(
+        seed=seed,
+        vocab_size=384,
+        max_files=24,
+        seq_len=64,
+        max_position_embeddings=128,
+        target=ModelSpec(64, 2, 128, 2, 1, 32),
+        drafter=ModelSpec(32, 1, 64, 2, 1, 16),
+        target_stage=StageSpec(steps=40, batch_size=8, lr=1e-2, warmup_steps=4),
+        drafter_stage=StageSpec(steps=30, batch_size=8, lr=1e-2, warmup_steps=3),
+        eval_max_tokens=4096,
+        n_prompts=16,
+        prompt_min_tokens=16,
+        prompt_max_tokens=48,
+        greedy_prompts=4,
+        greedy_steps=8,
+    )
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, str]) -> TrainConfig:
+    """Return ``cfg`` with ``key=value`` overrides; dotted keys reach nested specs (``target_stage.steps=10``)."""
+    d = cfg.to_dict()
+    for key, raw in overrides.items():
+        node = d
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if p not in node or not isinstance(node[p], dict):
+                raise KeyError(f"unknown config key {key!r}")
+            node = node[p]
+        leaf = parts[-1]
+        if leaf not in node:
+            raise KeyError(f"unknown config key {key!r}")
+        node[leaf] = _parse_like(node[leaf], raw, key)
+    return TrainConfig.from_dict(d)
+
+
+def _parse_like(old: Any, raw: str, key: str) -> Any:
+    if raw.lower() == "none":
+        return None
+    if isinstance(old, bool):
+        return raw.lower() in ("1", "true", "yes")
+    if isinstance(old, int) or (old is None and raw.lstrip("-").isdigit()):
+        return int(raw)
+    if isinstance(old, float):
+        return float(raw)
+    if isinstance(old, str):
+        return raw
+    raise ValueError(f"config key {key!r} cannot be overridden from the command line")

@@ -1,0 +1,66 @@
+"""``pair-report``: check a saved pair against its manifest and re-measure its figures on this machine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from companion.tiny_pair import corpus as corpus_mod
+from companion.tiny_pair.config import TrainConfig
+
+
+def verify_files(pair_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """Relative paths whose sha256 differs from the manifest's (or that are missing)."""
+    from companion.tiny_pair.train import sha256_file
+
+    bad = []
+    for rel, digest in manifest.get("files_sha256", {}).items():
+        p = pair_dir / rel
+        if not p.is_file() or sha256_file(p) != digest:
+            bad.append(rel)
+    return bad
+
+
+def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = True,
+                progress: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(manifest, fresh): the stored manifest and what was re-checked/re-measured now.
+
+    ``fresh`` holds ``files_ok``/``files_bad`` (sha256 check), and when asked ``figures``
+    (held-out and greedy figures recomputed with the saved weights in float32 on the CPU, on this
+    interpreter's standard library; ``corpus_note`` says whether it is the training corpus) and
+    ``speed`` (load time and greedy tokens/s).
+    """
+    import torch
+
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+    from companion.tiny_pair.evaluate import evaluate_pair, measure_speed
+    from companion.tiny_pair.train import token_stream, torch_threads, windows
+
+    pair_dir = Path(pair_dir)
+    manifest = json.loads((pair_dir / "manifest.json").read_text())
+    cfg = TrainConfig.from_dict(manifest["config"])
+    bad = verify_files(pair_dir, manifest)
+    fresh: dict[str, Any] = {"files_ok": not bad, "files_bad": bad}
+    prompts = load_prompts(pair_dir / "prompts.jsonl")
+    with torch_threads(cfg.num_threads):
+        if recompute:
+            files = corpus_mod.load_corpus(max_files=cfg.max_files)
+            digest = corpus_mod.corpus_digest(files)
+            same = digest == manifest["corpus"]["digest_sha256"]
+            fresh["corpus_note"] = ("this interpreter's standard library is the training corpus (digest matches)" if same
+                                    else "this interpreter's standard library differs from the training corpus "
+                                         f"(Python {manifest['corpus']['python']}): fresh figures use its own held-out split")
+            target, drafter, tok = load_pair(pair_dir / "target", pair_dir / "drafter", device="cpu",
+                                             dtype=torch.float32)
+            assert drafter is not None
+            _, held = corpus_mod.split_corpus(files)
+            held_windows = windows(token_stream(tok, [f.text for f in held]), cfg.seq_len)
+            fresh["figures"] = evaluate_pair(
+                target, drafter, tok, held_windows, cfg.eval_max_tokens,
+                [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
+            ).to_dict()
+        if speed:
+            n_new = (manifest.get("speed") or {}).get("new_tokens_per_prompt", cfg.greedy_steps)
+            fresh["speed"] = measure_speed(pair_dir, [p.text for p in prompts[:3]], new_tokens=n_new)
+    return manifest, fresh

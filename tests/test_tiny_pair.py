@@ -1,0 +1,226 @@
+"""The embedded pair's recipe (corpus, tokenizer, shrunk retrain) and the committed assets."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+from companion.cli import main as cli_main
+from companion.models import load_pair
+from companion.tiny_pair import ASSET_DIR
+from companion.tiny_pair import corpus as corpus_mod
+from companion.tiny_pair import train as train_mod
+from companion.tiny_pair.config import apply_overrides, default_config, shrunk_config
+from companion.tiny_pair.tokenizer import EOS_TOKEN, PAD_TOKEN, train_bpe
+
+
+# ---------------------------------------------------------------- corpus
+
+def test_corpus_selection_is_sorted_and_excludes_tests_and_third_party() -> None:
+    rels = corpus_mod.list_stdlib_files()
+    assert len(rels) > 200
+    assert rels == sorted(rels)
+    assert all(r.endswith(".py") for r in rels)
+    for r in rels:
+        parts = r.split("/")
+        assert parts[0] not in corpus_mod.EXCLUDED_TOP_LEVEL
+        assert "test" not in parts[:-1] and "tests" not in parts[:-1]
+    assert "os.py" in rels and "json/decoder.py" in rels
+
+
+def test_split_is_by_path_hash_and_both_sides_nonempty() -> None:
+    rels = corpus_mod.list_stdlib_files()
+    held = [r for r in rels if corpus_mod.is_held_out(r)]
+    assert 0.01 < len(held) / len(rels) < 0.12
+    # deterministic and path-only: the same answer twice, independent of content
+    assert held == [r for r in rels if corpus_mod.is_held_out(r)]
+    files = corpus_mod.load_corpus(max_files=16)
+    train, held_files = corpus_mod.split_corpus(files)
+    assert train and held_files and len(files) == 16
+    assert all(f.held_out for f in held_files) and not any(f.held_out for f in train)
+
+
+def test_corpus_digest_depends_on_content_and_order() -> None:
+    a = corpus_mod.SourceFile("a.py", "x = 1\n")
+    b = corpus_mod.SourceFile("b.py", "y = 2\n")
+    d = corpus_mod.corpus_digest([a, b])
+    assert d == corpus_mod.corpus_digest([a, b])
+    assert d != corpus_mod.corpus_digest([b, a])
+    assert d != corpus_mod.corpus_digest([a, corpus_mod.SourceFile("b.py", "y = 3\n")])
+    # length prefixes: moving a character across the path/text boundary changes the digest
+    assert corpus_mod.corpus_digest([corpus_mod.SourceFile("ab", "c")]) != \
+        corpus_mod.corpus_digest([corpus_mod.SourceFile("a", "bc")])
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def test_bpe_tokenizer_round_trips_saves_and_is_deterministic(tmp_path: Path) -> None:
+    texts = [f.text for f in corpus_mod.load_corpus(max_files=8)]
+    tok = train_bpe(texts, 400)
+    again = train_bpe(texts, 400)
+    assert tok.backend_tokenizer.to_str() == again.backend_tokenizer.to_str()
+    assert len(tok) == 400
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.eos_token == EOS_TOKEN and loaded.pad_token == PAD_TOKEN
+    assert loaded.eos_token_id != loaded.pad_token_id
+    s = "def f(x):\n\treturn x  # caf\u00e9 \u2713 \U0001f600\n"
+    ids = loaded(s, add_special_tokens=False)["input_ids"]
+    assert loaded.decode(ids) == s  # byte-level: nothing is unknown, nothing rewritten
+    assert ids == tok(s, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------- config
+
+def test_config_overrides_and_round_trip() -> None:
+    cfg = apply_overrides(default_config(), {"target_stage.steps": "7", "seed": "3", "max_files": "none"})
+    assert cfg.target_stage.steps == 7 and cfg.seed == 3 and cfg.max_files is None
+    assert cfg.drafter_stage == default_config().drafter_stage
+    assert type(cfg).from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(KeyError):
+        apply_overrides(cfg, {"target_stage.nope": "1"})
+
+
+# ---------------------------------------------------------------- shrunk retrain
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same shrunk config built twice: once through the CLI, once through build_pair."""
+    root = tmp_path_factory.mktemp("retrain")
+    a, b = root / "a", root / "b"
+    rc = cli_main(["retrain", "--shrink", "--out", str(a), "--no-progress",
+                   "--compare-to", str(root / "none.json")])
+    assert rc == 0
+    train_mod.build_pair(shrunk_config(), b, progress=False, log=lambda *_: None)
+    return a, b
+
+
+def test_shrunk_retrain_loss_falls(two_builds: tuple[Path, Path]) -> None:
+    m = json.loads((two_builds[0] / "manifest.json").read_text())
+    t, d = m["training"]["target"], m["training"]["drafter"]
+    assert t["steps"] == shrunk_config().target_stage.steps
+    assert t["last_loss_mean"] < t["first_loss_mean"] - 0.5
+    assert d["last_loss_mean"] < 0.5 * d["first_loss_mean"]  # distillation KL shrinks
+    assert m["figures"]["target_loss"] < m["figures"]["drafter_loss"] + 0.5
+    assert m["figures"]["eval_tokens"] > 1000
+
+
+def test_same_seed_gives_identical_files_and_outputs(two_builds: tuple[Path, Path]) -> None:
+    a, b = two_builds
+    ma = json.loads((a / "manifest.json").read_text())
+    mb = json.loads((b / "manifest.json").read_text())
+    assert ma["files_sha256"] == mb["files_sha256"]
+    assert ma["figures"] == mb["figures"]
+    ids = torch.arange(2, 40).unsqueeze(0)
+    ta, da, _ = load_pair(a / "target", a / "drafter", device="cpu")
+    tb, db, _ = load_pair(b / "target", b / "drafter", device="cpu")
+    assert torch.equal(ta(input_ids=ids).logits, tb(input_ids=ids).logits)
+    assert torch.equal(da(input_ids=ids).logits, db(input_ids=ids).logits)
+    assert not torch.equal(ta(input_ids=ids).logits, da(input_ids=ids).logits)
+
+
+def test_seed_reaches_the_weights_but_not_the_tokenizer(tmp_path: Path, two_builds: tuple[Path, Path]) -> None:
+    m1 = train_mod.build_pair(apply_overrides(shrunk_config(), {"seed": "1"}), tmp_path / "s1",
+                              progress=False, log=lambda *_: None).manifest
+    m0 = json.loads((two_builds[0] / "manifest.json").read_text())
+    assert m1["seed"] == 1
+    assert m1["files_sha256"]["tokenizer/tokenizer.json"] == m0["files_sha256"]["tokenizer/tokenizer.json"]
+    assert m1["files_sha256"]["target/model.safetensors"] != m0["files_sha256"]["target/model.safetensors"]
+    assert m1["files_sha256"]["drafter/model.safetensors"] != m0["files_sha256"]["drafter/model.safetensors"]
+
+
+def test_manifest_records_everything(two_builds: tuple[Path, Path]) -> None:
+    a = two_builds[0]
+    m = json.loads((a / "manifest.json").read_text())
+    for key in ("python", "torch", "transformers", "tokenizers"):
+        assert m["versions"][key]
+    assert m["seed"] == 0 and m["config"]["vocab_size"] == shrunk_config().vocab_size
+    files = corpus_mod.load_corpus(max_files=shrunk_config().max_files)
+    assert m["corpus"]["digest_sha256"] == corpus_mod.corpus_digest(files)
+    assert m["corpus"]["files"] == [f.relpath for f in files]
+    on_disk = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file() and p.name != "manifest.json"}
+    assert set(m["files_sha256"]) == on_disk
+    assert all(train_mod.sha256_file(a / rel) == h for rel, h in m["files_sha256"].items())
+    cfg = json.loads((a / "target" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["dtype"] == "float16"
+
+
+def test_pair_report_cli_on_shrunk_build(two_builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    a = two_builds[0]
+    assert cli_main(["pair-report", "--pair", str(a), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fresh"]["files_ok"] is True
+    # recomputed with the saved weights: equal to what the build recorded (same threads, same corpus)
+    assert out["fresh"]["figures"]["target_loss"] == pytest.approx(out["manifest_figures"]["target_loss"], abs=1e-4)
+    assert out["fresh"]["speed"]["target_greedy_tokens_per_s"] > 0
+    # a corrupted file is reported and turns the exit code non-zero
+    (a / "prompts.jsonl").write_text((a / "prompts.jsonl").read_text() + "\n")
+    assert cli_main(["pair-report", "--pair", str(a), "--no-recompute", "--no-speed"]) == 1
+    assert "MISMATCH: prompts.jsonl" in capsys.readouterr().out
+
+
+def test_build_failure_leaves_nothing_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "pair"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous build")
+
+    def failing(cfg, root: Path, **kwargs):
+        (root / "target").mkdir()
+        (root / "target" / "partial.bin").write_bytes(b"\0" * 10)
+        raise RuntimeError("simulated failure mid-build")
+
+    monkeypatch.setattr(train_mod, "_build_into", failing)
+    with pytest.raises(RuntimeError, match="simulated"):
+        train_mod.build_pair(shrunk_config(), out, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair"]  # no staging folder left behind
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+# ---------------------------------------------------------------- committed assets
+
+@pytest.fixture(scope="module")
+def manifest() -> dict:
+    return json.loads((ASSET_DIR / "manifest.json").read_text())
+
+
+def test_committed_files_match_manifest(manifest: dict) -> None:
+    hashes = manifest["files_sha256"]
+    for sub in ("tokenizer", "target", "drafter"):
+        assert any(k.startswith(sub + "/") for k in hashes)
+    assert "prompts.jsonl" in hashes and hashes["prompts.jsonl"] == manifest["prompts"]["sha256"]
+    for rel, h in hashes.items():
+        assert train_mod.sha256_file(ASSET_DIR / rel) == h, rel
+    assert (ASSET_DIR / "target" / "model.safetensors").stat().st_size <= 12 * 1024 * 1024
+
+
+def test_committed_figures_meet_targets(manifest: dict) -> None:
+    f = manifest["figures"]
+    assert f["target_loss"] < f["drafter_loss"] - 0.1
+    assert f["held_out"]["agreement_top1"] >= 0.6
+    assert f["held_out"]["overlap"] >= 0.7
+    models = manifest["models"]
+    assert 4_000_000 <= models["target"]["params"] <= 6_000_000
+    assert 7 <= models["target"]["params"] / models["drafter"]["params"] <= 14
+    assert manifest["config"] == default_config().to_dict()  # the committed pair is the default recipe
+
+
+def test_default_pair_loads_with_qwen3_code_path() -> None:
+    target, drafter, tok = load_pair("default")
+    assert isinstance(target, Qwen3ForCausalLM) and isinstance(drafter, Qwen3ForCausalLM)
+    assert not target.training and not drafter.training
+    assert target.dtype == torch.float32 and target.device.type == "cpu"
+    assert len(tok) == target.config.vocab_size == drafter.config.vocab_size
+    from companion.prompts import load_prompts
+
+    text = load_prompts("default")[0].text
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        lp = target(input_ids=ids).logits[0, :-1].log_softmax(-1)
+        lq = drafter(input_ids=ids).logits[0, :-1].log_softmax(-1)
+    nll = -lp.gather(-1, ids[0, 1:, None]).mean()
+    assert torch.isfinite(lp).all() and torch.isfinite(lq).all()
+    assert nll < 0.5 * torch.log(torch.tensor(float(len(tok))))  # far better than uniform on held-out code
+    assert (lp.argmax(-1) == lq.argmax(-1)).float().mean() > 0.4  # the drafter mostly agrees
