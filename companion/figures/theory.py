@@ -1,0 +1,520 @@
+"""Figures of the six theory chapters (one function per figure, each returning the Figure).
+
+Every function computes what it draws with the certificate engine (``companion``) and draws it
+on a pyplot-free :class:`matplotlib.figure.Figure`, so nothing is shown or kept open behind the
+caller's back: a notebook displays the returned figure and passes it to
+:func:`companion.figures.save_figure` under the stable name listed in :data:`FIGURE_NAMES`.
+Artists that carry data a test may want to read back have a ``gid`` (e.g. ``"cert:greedy"``).
+
+The target families used by the figures are built here too, so that a chapter can compute its
+quoted numbers on exactly the targets it draws:
+
+* :func:`two_top_target`: ``p = (p1, p2, r, ..., r)`` with the rest ``1 - p1 - p2`` spread
+  evenly over ``V - 2`` tokens.
+* :func:`geometric_tail_target`: top-1 ``p1``, the rest ``1 - p1`` spread over ``V - 1``
+  tokens in a fixed geometric pattern ``p_i ∝ ratio**(i-2)``, ``i = 2..V``.
+* :func:`perturb`: ``q = softmax(log p + scale * noise)``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from companion.bounds import margin_only_bound, multiplicative_floor, additive_floor
+from companion.certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
+from companion.criteria import (
+    AdditiveRelaxed,
+    MultiplicativeRelaxed,
+    StrictGreedy,
+    Typical,
+    parse_criterion,
+)
+from companion.stochastic import acceptance_probability, pinsker_lower_bound
+
+__all__ = [
+    "FIGURE_NAMES",
+    "LEVEL_SET_CRITERIA",
+    "RELAXED_CRITERIA",
+    "criterion_color",
+    "two_top_target",
+    "geometric_tail_target",
+    "perturb",
+    "tree_quadratic_constant",
+    "criteria_level_sets",
+    "exact_certificate_witness",
+    "strict_greedy_margin",
+    "relaxed_criteria_certificates",
+    "tree_margin",
+    "stochastic_contrast",
+]
+
+FIGURE_NAMES: dict[str, str] = {
+    "criteria_level_sets": "theory_criteria_level_sets",
+    "exact_certificate_witness": "theory_exact_certificate_witness",
+    "strict_greedy_margin": "theory_strict_greedy_margin",
+    "relaxed_criteria_certificates": "theory_relaxed_criteria_certificates",
+    "tree_margin": "theory_tree_margin",
+    "stochastic_contrast": "theory_stochastic_contrast",
+}
+"""Stable file names (``save_figure`` names) of the theory figures, keyed by function name."""
+
+LEVEL_SET_CRITERIA: tuple[str, ...] = (
+    "greedy",
+    "additive:0.3",
+    "multiplicative:0.1",
+    "topm:4",
+    "topk-delta:10,0.6",
+    "typical:0.09,0.3",
+)
+"""The six criteria drawn in chapter 1 (and compared in chapter 4)."""
+
+RELAXED_CRITERIA = LEVEL_SET_CRITERIA
+
+_KIND_COLORS = {
+    "greedy": "#222222",
+    "additive": "#1f77b4",
+    "multiplicative": "#ff7f0e",
+    "topm": "#2ca02c",
+    "topk-delta": "#9467bd",
+    "typical": "#d62728",
+}
+_TREE_COLORS = ("#222222", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+_ACCEPT, _REJECT = "#4c9a2a", "#c44e52"
+
+
+def criterion_color(spec: str) -> str:
+    """A fixed colour per criterion kind (``greedy``, ``additive``, ...), shared by all figures."""
+    return _KIND_COLORS[str(parse_criterion(spec)).split(":")[0]]
+
+
+# -- target families ------------------------------------------------------------------------
+
+
+def two_top_target(p1: Tensor, p2: Tensor, vocab: int) -> Tensor:
+    """``[..., V]`` targets ``(p1, p2, r, ..., r)`` with ``r = (1 - p1 - p2)/(V - 2)``.
+
+    Raises if some row would not be sorted (``r > p2``) or ``p1 < p2``: the rest must stay below
+    the runner-up for ``p2`` to be the boundary of the strict greedy rejection region.
+    """
+    p1 = torch.as_tensor(p1, dtype=torch.float64)
+    p2 = torch.as_tensor(p2, dtype=torch.float64)
+    if vocab < 3:
+        raise ValueError("vocab must be at least 3")
+    rest = (1 - p1 - p2) / (vocab - 2)
+    if bool((rest < -1e-12).any()) or bool((rest > p2).any()) or bool((p2 > p1).any()):
+        raise ValueError("need p1 >= p2 >= (1 - p1 - p2)/(V - 2) >= 0 on every row")
+    rest = rest.clamp(min=0.0)
+    tail = rest.unsqueeze(-1).expand(*rest.shape, vocab - 2)
+    return torch.cat([p1.unsqueeze(-1), p2.unsqueeze(-1), tail], dim=-1)
+
+
+def geometric_tail_target(p1: Tensor, vocab: int = 32, ratio: float = 0.7) -> Tensor:
+    """``[..., V]`` targets: top-1 ``p1``, then ``p_i = (1 - p1) ratio**(i-2) / Z`` for ``i = 2..V``.
+
+    ``Z = sum_{i=0}^{V-2} ratio**i``. The runner-up is ``p2 = (1 - p1)/Z``, so the family runs
+    from a tie (``p1 = 1/(1 + Z)``) to a point mass (``p1 = 1``); rows with ``p1 < p2`` are
+    rejected.
+    """
+    if not 0 < ratio < 1:
+        raise ValueError("ratio must lie in (0, 1)")
+    p1 = torch.as_tensor(p1, dtype=torch.float64)
+    shape = ratio ** torch.arange(vocab - 1, dtype=torch.float64)
+    shape = shape / shape.sum()
+    tail = (1 - p1).unsqueeze(-1) * shape
+    if bool((tail[..., 0] > p1 + 1e-15).any()):
+        raise ValueError(f"p1 must be at least the tie point {geometric_tail_tie(vocab, ratio):.6g}")
+    return torch.cat([p1.unsqueeze(-1), tail], dim=-1)
+
+
+def geometric_tail_tie(vocab: int = 32, ratio: float = 0.7) -> float:
+    """The ``p1`` at which :func:`geometric_tail_target` has ``p1 = p2``: ``1 / (1 + Z)``."""
+    z = sum(ratio**i for i in range(vocab - 1))
+    return 1.0 / (1.0 + z)
+
+
+def perturb(p: Tensor, noise: Tensor, scale: float | Tensor) -> Tensor:
+    """Drafts ``q = softmax(log p + scale * noise)`` in float64.
+
+    ``scale`` is a number or a tensor broadcastable to ``p.shape[:-1]`` (one scale per row).
+    """
+    scale = torch.as_tensor(scale, dtype=torch.float64).unsqueeze(-1)
+    return torch.softmax(torch.log(p.to(torch.float64)) + scale * noise.to(torch.float64), dim=-1)
+
+
+def tree_quadratic_constant(m: int) -> float:
+    """``c_m = min_{0 < gamma <= 1} phi_m(gamma) / gamma**2 = m**2 log m / (m**2 - 1)`` (``c_1 = 1/2``).
+
+    Attained at ``gamma = (m - 1)/m`` for ``m >= 2``; the sharp global quadratic margin-only
+    bound on the width-``m`` tree certificate is ``phi_m(gamma) >= c_m gamma**2``.
+    """
+    if m < 1:
+        raise ValueError("m must be >= 1")
+    return 0.5 if m == 1 else m * m * math.log(m) / (m * m - 1)
+
+
+# -- chapter 1 ------------------------------------------------------------------------------
+
+
+def criteria_level_sets(p: Tensor, criteria: Sequence[str] = LEVEL_SET_CRITERIA, *, ncols: int = 3) -> Figure:
+    """One panel per criterion: the sorted target, its threshold ``tau(p)`` and rejection region.
+
+    Bars are the sorted probabilities (log scale), green where accepted and red where rejected;
+    the dashed line is ``tau(p)``; the outlined bar is the boundary token ``y*`` (the most likely
+    rejected token, whose cost is the certificate).
+    """
+    p = torch.as_tensor(p, dtype=torch.float64)
+    if p.dim() != 1:
+        raise ValueError("p must be one distribution (1-d)")
+    ps = torch.sort(p / p.sum(), descending=True).values
+    ranks = np.arange(1, ps.numel() + 1)
+    nrows = math.ceil(len(criteria) / ncols)
+    fig = Figure(figsize=(3.6 * ncols, 2.9 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
+    for ax, spec in zip(axes, criteria):
+        c = parse_criterion(spec)
+        tau = float(c.threshold(ps))
+        rejected = c.rejection_mask(ps).numpy()
+        colors = np.where(rejected, _REJECT, _ACCEPT)
+        bars = ax.bar(ranks, ps.numpy(), color=colors, width=0.8)
+        for patch in bars:
+            patch.set_gid(f"bars:{c}")
+        if rejected.any():
+            y_star = int(np.argmax(rejected))  # sorted: first rejected is the most likely one
+            bars[y_star].set_edgecolor("black")
+            bars[y_star].set_linewidth(1.6)
+        line = ax.axhline(tau, color="black", ls="--", lw=1)
+        line.set_gid(f"tau:{c}")
+        rel = ">" if c.strict else "\u2265"
+        ax.set_title(f"{c}: accept iff $p_y$ {rel} \u03c4 = {tau:.3g}", fontsize=9)
+        ax.set_yscale("log")
+        ax.set_xticks(ranks[:: max(1, len(ranks) // 6)])
+        ax.set_xlabel("rank of token under p")
+    for ax in axes[len(criteria):]:
+        ax.set_visible(False)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("$p_y$ (log scale)")
+    handles = [
+        _patch(_ACCEPT, "accepted ($p_y$ at or above \u03c4)"),
+        _patch(_REJECT, "rejected: R(p), a lower level set"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=9, frameon=False)
+    return fig
+
+
+def _patch(color: str, label: str):
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=color, label=label)
+
+
+# -- chapter 2 ------------------------------------------------------------------------------
+
+
+def exact_certificate_witness(p: Tensor, criterion: str = "topm:2") -> Figure:
+    """(a) ``p`` and the minimisers ``q*`` (forward and reverse) for one criterion; (b) the
+    per-token cost ``C(p, y)`` of every token, with the rejection region shaded and
+    ``rho* = C(p, y*)`` marked. Tokens are in decreasing order of ``p``."""
+    c = parse_criterion(criterion)
+    p = torch.as_tensor(p, dtype=torch.float64)
+    ps = torch.sort(p / p.sum(), descending=True).values
+    v = ps.numel()
+    x = np.arange(1, v + 1)
+    rejected = c.rejection_mask(ps).numpy()
+    fig = Figure(figsize=(10.5, 3.6), layout="constrained")
+    ax_q, ax_c = fig.subplots(1, 2)
+    w = 0.27
+    ax_q.bar(x - w, ps.numpy(), width=w, color="0.6", label="target $p$")
+    styles = {"forward": ("#1f77b4", "KL(p||q)"), "reverse": ("#ff7f0e", "KL(q||p)")}
+    for shift, div in zip((0.0, w), ("forward", "reverse")):
+        q = witness(ps, c, div)
+        rho = float(certificate(ps, c, div))
+        color, name = styles[div]
+        b = ax_q.bar(x + shift, q.numpy(), width=w, color=color, label=f"$q^*$, {name}: \u03c1* = {rho:.4f}")
+        for patch in b:
+            patch.set_gid(f"witness:{div}")
+    ax_q.set_xlabel("rank of token under p")
+    ax_q.set_ylabel("probability")
+    ax_q.set_xticks(x)
+    ax_q.set_title(f"(a) minimisers for {c}: flat on the pool", fontsize=10)
+    ax_q.legend(fontsize=8, frameon=False)
+    ids = torch.arange(v)
+    for div in ("forward", "reverse"):
+        color, name = styles[div]
+        cost = per_token_cost(ps.expand(v, v), ids, div).numpy()
+        (ln,) = ax_c.plot(x, cost, "o-", color=color, label=f"C(p, y), {name}")
+        ln.set_gid(f"cost:{div}")
+    if rejected.any():
+        first = int(np.argmax(rejected)) + 1
+        ax_c.axvspan(first - 0.5, v + 0.5, color=_REJECT, alpha=0.12, lw=0, label="rejection region R(p)")
+        for div in ("forward", "reverse"):
+            rho = float(certificate(ps, c, div))
+            ax_c.plot([first], [rho], marker="*", ms=14, color=styles[div][0], mec="black", ls="none")
+        ax_c.annotate("\u03c1* = C(p, y*)", (first, float(certificate(ps, c, "forward"))),
+                      xytext=(-95, 40), textcoords="offset points", fontsize=9,
+                      arrowprops={"arrowstyle": "->", "lw": 0.8})
+    ax_c.set_xlabel("proposed token y (rank under p)")
+    ax_c.set_ylabel("cost of making y the draft's argmax")
+    ax_c.set_xticks(x)
+    ax_c.set_title("(b) per-token cost: non-increasing in $p_y$", fontsize=10)
+    ax_c.legend(fontsize=8, frameon=False, loc="upper left")
+    return fig
+
+
+# -- chapter 3 ------------------------------------------------------------------------------
+
+
+def strict_greedy_margin(
+    s_values: Sequence[float] = (0.25, 0.5, 1.0), *, n_grid: int = 200, vocab: int = 4096
+) -> Figure:
+    """(a) Strict greedy forward certificate against the margin ``Delta = p(1) - p(2)`` at fixed
+    ``s = p(1) + p(2)``, on targets :func:`two_top_target` (the rest spread evenly), with the band
+    ``Delta^2/(2s) <= rho* <= Delta^2/s`` shaded and the ceiling ``log 2``; (b) the ratio
+    ``rho* / (Delta^2/(2s))`` against ``Delta/s``: every ``s`` falls on one curve from 1 to
+    ``2 log 2``."""
+    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
+    ax_a, ax_b = fig.subplots(1, 2)
+    colors = _TREE_COLORS[1:]
+    for color, s in zip(colors, s_values):
+        # Keep the runner-up above the evenly spread rest: p2 >= (1 - s)/(V - 2).
+        p2_min = max((1 - s) / (vocab - 2), 1e-3 * s)
+        # Delta > 0: at an exact tie both top tokens are accepted and the certificate jumps
+        # (chapter 1's tie convention), so the grid starts just above it.
+        delta = torch.linspace(0.0, s - 2 * p2_min, n_grid + 1, dtype=torch.float64)[1:]
+        p = two_top_target((s + delta) / 2, (s - delta) / 2, vocab)
+        rho = certificate(p, StrictGreedy())
+        lower, upper = delta**2 / (2 * s), delta**2 / s
+        d = delta.numpy()
+        ax_a.fill_between(d, lower.numpy(), upper.numpy(), color=color, alpha=0.15, lw=0)
+        (ln,) = ax_a.plot(d, rho.numpy(), color=color, lw=2, label=f"s = {s:g}")
+        ln.set_gid(f"cert:s={s:g}")
+        u = delta / s
+        (ln2,) = ax_b.plot(u.numpy(), (rho / lower).numpy(), color=color, lw=2, label=f"s = {s:g}")
+        ln2.set_gid(f"ratio:s={s:g}")
+    ax_a.axhline(math.log(2), color="0.3", ls=":", lw=1)
+    ax_a.text(0.02, math.log(2), "ceiling log 2", va="bottom", fontsize=8, color="0.3")
+    ax_a.set_xlabel("margin \u0394 = p(1) \u2212 p(2)")
+    ax_a.set_ylabel("\u03c1*  (nats, forward KL)")
+    ax_a.set_title("(a) certificate; band: \u0394\u00b2/(2s) \u2264 \u03c1* \u2264 \u0394\u00b2/s", fontsize=10)
+    ax_a.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ax_b.axhline(1.0, color="0.3", ls="--", lw=1)
+    ax_b.axhline(2 * math.log(2), color="0.3", ls=":", lw=1)
+    ax_b.axhline(2.0, color="0.6", ls="-.", lw=1)
+    ax_b.text(0.02, 2 * math.log(2), "2 log 2 (sharp)", va="bottom", fontsize=8, color="0.3")
+    ax_b.text(0.02, 2.0, "2 (upper bound \u0394\u00b2/s)", va="bottom", fontsize=8, color="0.5")
+    ax_b.set_ylim(0.9, 2.15)
+    ax_b.set_xlabel("relative margin u = \u0394 / s")
+    ax_b.set_ylabel("\u03c1* / (\u0394\u00b2 / 2s)")
+    ax_b.set_title("(b) one curve for every s: 2 \u03c6\u2081(u)/u\u00b2", fontsize=10)
+    return fig
+
+
+# -- chapter 4 ------------------------------------------------------------------------------
+
+
+def relaxed_criteria_certificates(
+    criteria: Sequence[str] = RELAXED_CRITERIA,
+    *,
+    vocab: int = 32,
+    ratio: float = 0.7,
+    n_grid: int = 300,
+    budget: float | None = 0.02,
+) -> Figure:
+    """Forward certificates of each criterion along :func:`geometric_tail_target` (top-1 ``p1``,
+    geometric tail), against ``p1``: (a) the certificates (log scale) with the additive and
+    multiplicative floors dashed, ``+inf`` (nothing rejected) drawn as a band at the top, and a
+    KL ``budget`` (a step is certified where the curve lies above it); (b) each certificate divided by strict greedy's, against the top-2 margin (log-log): the
+    enlargement grows without bound as the margin closes."""
+    tie = geometric_tail_tie(vocab, ratio)
+    p1 = tie + (1 - tie) * torch.linspace(0, 1, n_grid + 2, dtype=torch.float64)[1:-1]
+    p = geometric_tail_target(p1, vocab, ratio)
+    gamma = (p[:, 0] - p[:, 1]).numpy()
+    greedy = certificate(p, StrictGreedy())
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax_a, ax_b = fig.subplots(1, 2)
+    x = p1.numpy()
+    finite_max = 0.0
+    certs = {}
+    for spec in criteria:
+        c = parse_criterion(spec)
+        rho = certificate(p, c)
+        certs[str(c)] = rho
+        fin = torch.isfinite(rho)
+        finite_max = max(finite_max, float(rho[fin].max()) if bool(fin.any()) else 0.0)
+    top = 3.0 * finite_max
+    for spec in criteria:
+        c = parse_criterion(spec)
+        rho = certs[str(c)]
+        color = criterion_color(str(c))
+        shown = torch.where(torch.isfinite(rho), rho, torch.full_like(rho, top)).numpy()
+        lw = 2.4 if isinstance(c, StrictGreedy) else 1.6
+        (ln,) = ax_a.plot(x, shown, color=color, lw=lw, label=str(c))
+        ln.set_gid(f"cert:{c}")
+        ratio_c = (rho / greedy).numpy()
+        if not isinstance(c, StrictGreedy):
+            (ln2,) = ax_b.plot(gamma, np.where(np.isfinite(ratio_c), ratio_c, np.nan), color=color, lw=1.6, label=str(c))
+            ln2.set_gid(f"ratio:{c}")
+        if isinstance(c, AdditiveRelaxed):
+            ax_a.axhline(float(additive_floor(c.delta)), color=color, ls="--", lw=1)
+            inf = ~torch.isfinite(rho).numpy()
+            if inf.any():
+                ax_a.fill_between(x, top, top * 1.6, where=inf, color=color, alpha=0.25, lw=0)
+                ax_a.text(x[inf].max(), top * 1.25, "  \u03c1* = \u221e (nothing rejected)", ha="left",
+                          va="center", fontsize=7, color=color)
+        if isinstance(c, MultiplicativeRelaxed):
+            ax_a.plot(x, multiplicative_floor(c.alpha, p1).numpy(), color=color, ls="--", lw=1)
+        if isinstance(c, Typical):
+            ax_a.plot(x, multiplicative_floor(min(c.delta, 1.0), p1).numpy(), color=color, ls=":", lw=1)
+    if budget is not None:
+        ln = ax_a.axhline(budget, color="0.45", lw=4, alpha=0.25)
+        ln.set_gid("budget")
+        ax_a.text(x[-1], budget, f"KL budget \u03b5 = {budget:g}", ha="right", va="bottom", fontsize=7, color="0.35")
+    ax_a.set_yscale("log")
+    ax_a.set_ylim(1e-5, top * 1.6)
+    ax_a.set_xlabel("target top-1 probability p(1)")
+    ax_a.set_ylabel("\u03c1*  (nats, forward KL)")
+    ax_a.set_title(f"(a) certificates; dashed: floors (geometric tail, V={vocab}, ratio {ratio:g})", fontsize=9)
+    ax_a.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_b.set_xscale("log")
+    ax_b.set_yscale("log")
+    ax_b.axhline(1.0, color="0.3", lw=1)
+    ax_b.set_xlabel("top-2 margin \u03b3 = p(1) \u2212 p(2)")
+    ax_b.set_ylabel("\u03c1*(criterion) / \u03c1*(greedy)")
+    ax_b.set_title("(b) enlargement over strict greedy", fontsize=9)
+    ax_b.legend(fontsize=7, frameon=False)
+    return fig
+
+
+# -- chapter 5 ------------------------------------------------------------------------------
+
+
+def tree_margin(
+    widths: Sequence[int] = (1, 2, 4, 8),
+    *,
+    random_targets: Tensor | None = None,
+    n_grid: int = 400,
+) -> Figure:
+    """(a) The margin-only tree certificate ``phi_m(gamma)`` (solid) against the quadratic
+    ``(m+1) gamma^2/4`` quoted by secondary summaries (dashed) and the ceilings ``log(m+1)``;
+    (b) ``phi_m(gamma)/gamma^2`` with the constants ``(m+1)/4`` (dashed) and the sharp global
+    constant ``c_m`` (dots at its minimiser); (c) exact tree certificates of ``random_targets``
+    against their top-2 margin, above their envelope ``phi_m`` (only when targets are given)."""
+    panels = 3 if random_targets is not None else 2
+    fig = Figure(figsize=(4.0 * panels, 3.9), layout="constrained")
+    axes = fig.subplots(1, panels)
+    g = torch.linspace(0, 1, n_grid + 1, dtype=torch.float64)
+    gpos = g[1:]
+    for color, m in zip(_TREE_COLORS, widths):
+        phi = margin_only_bound(g, m)
+        (ln,) = axes[0].plot(g.numpy(), phi.numpy(), color=color, lw=2, label=f"m = {m}")
+        ln.set_gid(f"phi:{m}")
+        (ln,) = axes[0].plot(g.numpy(), ((m + 1) * g**2 / 4).numpy(), color=color, lw=1, ls="--")
+        ln.set_gid(f"secondary:{m}")
+        axes[0].axhline(math.log(m + 1), color=color, lw=0.8, ls=":")
+        ratio = margin_only_bound(gpos, m) / gpos**2
+        (ln,) = axes[1].plot(gpos.numpy(), ratio.numpy(), color=color, lw=2, label=f"m = {m}")
+        ln.set_gid(f"ratio:{m}")
+        axes[1].axhline((m + 1) / 4, color=color, lw=1, ls="--")
+        if m >= 2:
+            axes[1].plot([(m - 1) / m], [tree_quadratic_constant(m)], "o", color=color, ms=5)
+    axes[0].set_xlabel("top-2 margin \u03b3")
+    axes[0].set_ylabel("nats (forward KL)")
+    axes[0].set_title("(a) \u03c6\u2098(\u03b3) solid; (m+1)\u03b3\u00b2/4 dashed; log(m+1) dotted", fontsize=9)
+    axes[0].legend(fontsize=8, frameon=False, loc="upper left")
+    axes[1].set_xlabel("top-2 margin \u03b3")
+    axes[1].set_ylabel("\u03c6\u2098(\u03b3) / \u03b3\u00b2")
+    axes[1].set_title("(b) quadratic constants: (m+1)/4 dashed, min c\u2098 dots", fontsize=9)
+    if random_targets is not None:
+        p = torch.as_tensor(random_targets, dtype=torch.float64)
+        top2 = torch.topk(p, 2, dim=-1).values
+        gam = (top2[:, 0] - top2[:, 1]) / p.sum(-1)
+        for color, m in zip(_TREE_COLORS, widths):
+            rho = tree_certificate(p, m)
+            sc = axes[2].scatter(gam.numpy(), rho.numpy(), s=5, color=color, alpha=0.35, lw=0)
+            sc.set_gid(f"scatter:{m}")
+            gg = torch.logspace(-3, 0, 200, dtype=torch.float64)
+            axes[2].plot(gg.numpy(), margin_only_bound(gg, m).numpy(), color=color, lw=1.5)
+        axes[2].set_xscale("log")
+        axes[2].set_yscale("log")
+        axes[2].set_xlabel("top-2 margin \u03b3")
+        axes[2].set_ylabel("exact tree certificate")
+        axes[2].set_title("(c) random targets sit above \u03c6\u2098(\u03b3)", fontsize=9)
+    return fig
+
+
+# -- chapter 6 ------------------------------------------------------------------------------
+
+
+def stochastic_contrast(
+    p: Tensor,
+    q: Tensor,
+    path_targets: Tensor,
+    *,
+    criterion: str = "greedy",
+    n_steps: int = 241,
+    max_t: float = 2.0,
+) -> Figure:
+    """(a) Random target/draft pairs: ``KL(p||q)`` against speculative sampling's expected
+    acceptance ``1 - TV``, with Pinsker's ``1 - sqrt(KL/2)``; colour marks what the greedy check
+    does on the same pair (certified by ``KL < rho*``, accepted but not certified, rejected).
+    (b) Worst-case paths ``q_t ∝ p^(1-t) (q*)^t`` from each of ``path_targets`` through its
+    witness ``q*`` (reached at ``t = 1``, where ``KL = rho*``): ``1 - TV`` (solid), Pinsker (thin),
+    and whether the greedy check accepts ``argmax q_t`` (dashed steps, 0 or 1)."""
+    c = parse_criterion(criterion)
+    p = torch.as_tensor(p, dtype=torch.float64)
+    q = torch.as_tensor(q, dtype=torch.float64)
+    kl = kl_divergence(p, q)
+    acc = acceptance_probability(p, q)
+    rho = certificate(p, c)
+    accepted = c.accepts(p, torch.argmax(q, dim=-1))
+    certified = kl < rho
+    fig = Figure(figsize=(11, 4.0), layout="constrained")
+    ax_a, ax_b = fig.subplots(1, 2)
+    groups = (
+        ("certified", certified, "#4c9a2a", f"{c}: certified (KL < \u03c1*)"),
+        ("accepted", accepted & ~certified, "#1f77b4", f"{c}: accepted, not certified"),
+        ("rejected", ~accepted, _REJECT, f"{c}: rejected"),
+    )
+    for gid, mask, color, label in groups:
+        sc = ax_a.scatter(kl[mask].numpy(), acc[mask].numpy(), s=7, color=color, alpha=0.55, lw=0, label=label)
+        sc.set_gid(f"pairs:{gid}")
+    k = torch.logspace(-5, 1, 300, dtype=torch.float64)
+    (ln,) = ax_a.plot(k.numpy(), pinsker_lower_bound(k).numpy(), color="black", lw=1.2, label="Pinsker 1 \u2212 \u221a(KL/2)")
+    ln.set_gid("pinsker")
+    ax_a.set_xscale("log")
+    ax_a.set_xlabel("KL(p||q)  (nats)")
+    ax_a.set_ylabel("speculative sampling: P(accept) = 1 \u2212 TV")
+    ax_a.set_title("(a) random pairs: an expectation that degrades smoothly", fontsize=10)
+    ax_a.legend(fontsize=7, frameon=False, loc="lower left")
+    # t = 1 exactly is the witness (a tie); the grid steps over it.
+    t = torch.linspace(0, max_t, n_steps, dtype=torch.float64)[1:]
+    t = t[(t - 1).abs() > 1e-9]
+    path_targets = torch.as_tensor(path_targets, dtype=torch.float64)
+    for idx, color in zip(range(path_targets.shape[0]), ("#9467bd", "#8c564b", "#17becf")):
+        pt = path_targets[idx] / path_targets[idx].sum()
+        qstar = witness(pt, c)
+        logq = (1 - t[:, None]) * torch.log(pt) + t[:, None] * torch.log(qstar)
+        qs = torch.softmax(logq, dim=-1)
+        pp = pt.expand_as(qs)
+        kl_t = kl_divergence(pp, qs)
+        acc_t = acceptance_probability(pp, qs)
+        ok = c.accepts(pp, torch.argmax(qs, dim=-1)).to(torch.float64)
+        top2 = torch.topk(pt, 2).values
+        lab = f"target {idx + 1} (margin {float(top2[0] - top2[1]):.2g})"
+        (ln,) = ax_b.plot(kl_t.numpy(), acc_t.numpy(), color=color, lw=2, label=lab + ": 1 \u2212 TV")
+        ln.set_gid(f"path:{idx}")
+        ax_b.plot(kl_t.numpy(), pinsker_lower_bound(kl_t).numpy(), color=color, lw=0.8)
+        (st,) = ax_b.step(kl_t.numpy(), ok.numpy(), where="post", color=color, lw=1.2, ls="--",
+                          label=lab + ": greedy accepts (0/1)")
+        st.set_gid(f"greedy:{idx}")
+        ax_b.axvline(float(certificate(pt, c)), color=color, ls=":", lw=1.2)
+    ax_b.set_xscale("log")
+    ax_b.set_xlabel("KL(p||q) along the path through the witness q* (nats)")
+    ax_b.set_ylabel("acceptance")
+    ax_b.set_title("(b) worst case: greedy is certain up to \u03c1* (dotted), then fails", fontsize=10)
+    ax_b.legend(fontsize=7, frameon=False, loc="lower left")
+    return fig
