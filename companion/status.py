@@ -1,0 +1,222 @@
+"""The run record of ``companion reproduce`` and the reproduction-status page made from it.
+
+Every successful notebook execution adds one entry to a JSON file (``_build/run-record.json``):
+when it ran, for how long, on which device, with which profile and parameters, from which
+source (hash) and commit, and which figures it wrote. ``render_status_markdown`` turns the
+record into the MyST page the book shows under "Reproduction status".
+
+The record is written atomically (temporary file, then rename), so a crash mid-run leaves
+either the previous record or the new one, never a truncated file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+RECORD_SCHEMA = 1
+
+# What each preset name means, as the status page explains it. Kept here, and not imported
+# from companion.models, so that the status page never depends on the model code importing.
+PRESET_MODELS: dict[str, str] = {
+    "default": "embedded tiny pair (target and drafter shipped with the package)",
+    "paper-qwen3-1.7b": "Qwen3-1.7B target, Qwen3-0.6B drafter",
+    "paper-qwen3-4b": "Qwen3-4B target, Qwen3-0.6B drafter",
+}
+
+
+@dataclass
+class ChapterRun:
+    """One successful execution of one chapter notebook."""
+
+    chapter: str                      # e.g. "03_strict_greedy"
+    source: str                       # path of the source notebook, relative to the root
+    source_sha256: str                # hash of the source notebook when it was executed
+    profile: str                      # profile name, e.g. "cpu"
+    parameters: dict[str, Any]        # parameters injected by papermill (after overrides)
+    device: str | None                # "cpu"/"cuda" as injected; None: no device parameter
+    device_name: str                  # human description of the hardware used
+    started: str                      # ISO 8601, UTC
+    seconds: float                    # wall-clock execution time
+    figures: list[str] = field(default_factory=list)   # figure names (PNG+PDF in figures/)
+    python: str = ""
+    torch: str | None = None
+    commit: str | None = None         # short git commit of the tree, "+dirty" if modified
+
+    @property
+    def preset(self) -> str | None:
+        value = self.parameters.get("preset")
+        return None if value is None else str(value)
+
+
+@dataclass
+class RunRecord:
+    """All chapter runs, keyed by chapter name (the latest run of each chapter wins)."""
+
+    chapters: dict[str, ChapterRun] = field(default_factory=dict)
+
+    def figure_owner(self, figure: str) -> str | None:
+        """The chapter whose latest run wrote ``figure``, if any."""
+        for name, run in self.chapters.items():
+            if figure in run.figures:
+                return name
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": RECORD_SCHEMA,
+            "chapters": {k: dataclasses.asdict(v) for k, v in sorted(self.chapters.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunRecord":
+        if data.get("schema") != RECORD_SCHEMA:
+            raise ValueError(f"run record has schema {data.get('schema')!r}, expected {RECORD_SCHEMA}")
+        known = {f.name for f in dataclasses.fields(ChapterRun)}
+        chapters = {}
+        for name, entry in data.get("chapters", {}).items():
+            chapters[name] = ChapterRun(**{k: v for k, v in entry.items() if k in known})
+        return cls(chapters)
+
+
+def load_record(path: Path) -> RunRecord:
+    """Read the record at ``path``; a missing file is an empty record."""
+    if not path.exists():
+        return RunRecord()
+    try:
+        return RunRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"cannot read run record {path}: {err}") from err
+
+
+def save_record(record: RunRecord, path: Path) -> None:
+    """Write ``record`` to ``path`` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _cell(text: str) -> str:
+    """Escape text for a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _models(run: ChapterRun) -> str:
+    """Preset and models, from the preset name and any *model* parameters of the chapter."""
+    parts = []
+    if run.preset is not None:
+        described = PRESET_MODELS.get(run.preset)
+        parts.append(f"`{run.preset}`" + (f": {described}" if described else ""))
+    for key, value in sorted(run.parameters.items()):
+        if "model" in key and value not in (None, ""):
+            parts.append(f"{key} = `{value}`")
+    return "; ".join(parts) if parts else "none (no model)"
+
+
+def _parameters(run: ChapterRun) -> str:
+    shown = [f"`{k}={v!r}`" for k, v in sorted(run.parameters.items())]
+    return ", ".join(shown) if shown else "(defaults of the notebook)"
+
+
+def render_status_markdown(
+    record: RunRecord,
+    chapters: Iterable[tuple[str, str, str | None]],
+    staged_figures: Iterable[str] = (),
+) -> str:
+    """The generated part of the reproduction-status page, as MyST Markdown.
+
+    ``chapters`` lists every chapter of the table of contents in order as
+    ``(name, link_target, current_sha256)``: ``link_target`` is the document path used for a
+    link from the status page (or "" when the chapter is not in the built book) and
+    ``current_sha256`` the hash of the source notebook now (None if it does not exist), used to
+    flag results whose source has changed since they were executed.
+    ``staged_figures`` names the figures copied next to the page (``../figures/NAME.png``).
+    """
+    chapters = list(chapters)
+    staged = set(staged_figures)
+    lines: list[str] = []
+    runs = [record.chapters[name] for name, _, _ in chapters if name in record.chapters]
+
+    lines.append("## Summary\n")
+    if runs:
+        last = max(r.started for r in runs)
+        total = sum(r.seconds for r in runs)
+        commits = sorted({r.commit for r in runs if r.commit})
+        lines.append(
+            f"{len(runs)} of {len(chapters)} chapters executed; total execution time "
+            f"{_duration(total)}; latest run started {last}."
+        )
+        if commits:
+            lines.append(" Source commit(s): " + ", ".join(f"`{c}`" for c in commits) + ".")
+        lines.append("\n")
+    else:
+        lines.append("No chapter has been executed yet: run `companion reproduce`.\n")
+
+    lines.append("## Chapters\n")
+    lines.append("| Chapter | Executed (UTC) | Time | Device | Profile; preset and models | Parameters |")
+    lines.append("|---|---|---|---|---|---|")
+    for name, link, sha in chapters:
+        title = f"[{name}]({link})" if link else name
+        run = record.chapters.get(name)
+        if run is None:
+            state = "notebook not written yet" if sha is None else "not executed yet"
+            lines.append(f"| {title} | {state} | | | | |")
+            continue
+        when = run.started
+        if sha is not None and sha != run.source_sha256:
+            when += " (source changed since)"
+        device = run.device or "cpu (no device parameter)"
+        if run.device_name:
+            device += f" ({run.device_name})"
+        lines.append(
+            "| " + " | ".join(_cell(x) for x in (
+                title, when, _duration(run.seconds), device, f"{run.profile}; {_models(run)}", _parameters(run),
+            )) + " |"
+        )
+    lines.append("")
+
+    lines.append("## Figures\n")
+    figure_rows = []
+    for name, link, _ in chapters:
+        run = record.chapters.get(name)
+        if run is None:
+            continue
+        for figure in run.figures:
+            if figure in staged:
+                files = (f"{{download}}`PNG <../figures/{figure}.png>`, "
+                         f"{{download}}`PDF <../figures/{figure}.pdf>`")
+            else:
+                files = f"`figures/{figure}.png`, `figures/{figure}.pdf`"
+            producer = f"[{name}]({link})" if link else name
+            figure_rows.append(f"| `{figure}` | {producer} | {files} |")
+    if figure_rows:
+        lines.append("| Figure | Produced by | Files |")
+        lines.append("|---|---|---|")
+        lines.extend(figure_rows)
+    else:
+        lines.append("No figure has been written yet.")
+    lines.append("")
+
+    lines.append("## Environment\n")
+    if runs:
+        latest = max(runs, key=lambda r: r.started)
+        lines.append(f"- Python {latest.python}")
+        lines.append(f"- torch {latest.torch or 'not installed'}")
+    else:
+        lines.append("- (filled in after the first run)")
+    lines.append("")
+    return "\n".join(lines)
