@@ -1,0 +1,75 @@
+"""Shared fixtures: the built book (once per session) and throwaway book projects."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_notebook(path: Path, parameters: str, *cells: str, title: str | None = "") -> Path:
+    """A notebook: a Markdown title (default: the file name; None: none, when a cell brings its
+    own), a papermill ``parameters`` cell, then code cells (a cell starting with ``# md`` becomes
+    a Markdown cell, without that first line)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    if title is not None:
+        nb.cells.append(nbformat.v4.new_markdown_cell(f"# {title or path.stem}"))
+    params = nbformat.v4.new_code_cell(parameters)
+    params.metadata["tags"] = ["parameters"]
+    nb.cells.append(params)
+    for source in cells:
+        if source.startswith("# md\n"):
+            nb.cells.append(nbformat.v4.new_markdown_cell(source[len("# md\n"):]))
+        else:
+            nb.cells.append(nbformat.v4.new_code_cell(source))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def make_project(tmp_path: Path) -> Callable[..., Path]:
+    """Build a small book project in a temporary directory with the real _config.yml, book/
+    pages and profiles, and a _toc.yml listing ``chapters`` (notebooks you then write)."""
+
+    def make(*chapters: str) -> Path:
+        root = tmp_path / "project"
+        root.mkdir()
+        shutil.copy2(ROOT / "_config.yml", root)
+        shutil.copytree(ROOT / "book", root / "book", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / "profiles", root / "profiles")
+        entries = "\n".join(f"      - file: notebooks/{c}" for c in chapters)
+        (root / "_toc.yml").write_text(
+            "format: jb-book\nroot: book/intro\nparts:\n"
+            "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n"
+            f"  - caption: Chapters\n    chapters:\n{entries}\n"
+            "  - caption: Reference\n    chapters:\n      - file: book/reproduction_status\n"
+            "      - file: book/api\n",
+            encoding="utf-8",
+        )
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def built_book() -> Path:
+    """``_build/html`` of this repository, built once per session by the real pipeline on the
+    cpu profile (every notebook executed with papermill), or reused when
+    ``COMPANION_BOOK_BUILT=1`` says a build is already there."""
+    from companion.reproduce import Layout, reproduce
+
+    layout = Layout.at(ROOT)
+    if os.environ.get("COMPANION_BOOK_BUILT") == "1":
+        if not (layout.html / "index.html").is_file():
+            pytest.fail("COMPANION_BOOK_BUILT=1 but _build/html/index.html does not exist")
+    else:
+        reproduce(layout, "cpu")
+    return layout.html

@@ -1,0 +1,191 @@
+"""The built book, as a reader's browser sees it (headless Debian Chromium via Playwright).
+
+Each page is served from 127.0.0.1 and checked for: equations typeset by MathJax (output
+elements present, no raw TeX left in the text), every image loaded, no failed request and no
+request to any other host. A full-page screenshot of each page goes to ``_build/screenshots/``.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import write_notebook
+
+pytestmark = pytest.mark.book
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+LOCAL_HOSTS = {"127.0.0.1"}
+
+# Runs in the page once MathJax is done: math elements, how many were typeset, TeX left over
+# in the visible text (code blocks excluded), and images that did not load.
+PAGE_PROBE = """
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+  }
+  const math = Array.from(document.querySelectorAll('.math'));
+  const body = document.body.cloneNode(true);
+  body.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
+  const text = body.textContent;
+  const leftovers = ['$$', '\\\\(', '\\\\[', '\\\\frac', '\\\\rho'].filter(s => text.includes(s));
+  return {
+    math: math.length,
+    typeset: math.filter(e => e.querySelector('mjx-container')).length,
+    containers: document.querySelectorAll('mjx-container').length,
+    leftovers: leftovers,
+    images: document.images.length,
+    broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+  };
+}
+"""
+
+
+@dataclass
+class PageReport:
+    path: str
+    math: int
+    typeset: int
+    containers: int
+    leftovers: list[str]
+    images: int
+    broken: list[str]
+
+
+@dataclass
+class BrowserReport:
+    pages: dict[str, PageReport] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    """Serve a directory on 127.0.0.1 (a free port); yields a function dir -> base URL."""
+    servers = []
+
+    def start(directory: Path) -> str:
+        handler = functools.partial(_QuietHandler, directory=str(directory))
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def book_pages(html: Path) -> list[str]:
+    """Every page of the book (relative paths), the generated index/search pages included."""
+    return sorted(
+        p.relative_to(html).as_posix() for p in html.rglob("*.html")
+        if not p.relative_to(html).parts[0].startswith("_")
+    )
+
+
+def check_in_browser(html: Path, base_url: str, screenshots: Path) -> BrowserReport:
+    """Open every page of the book at ``base_url`` in headless Chromium and report."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    report = BrowserReport()
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.on("request", lambda r: report.requests.append(r.url))
+            context.on("requestfailed", lambda r: report.failures.append(f"{r.url}: {r.failure}"))
+            context.on("response", lambda r: r.status >= 400 and report.failures.append(f"{r.url}: HTTP {r.status}"))
+            page = context.new_page()
+            for rel in book_pages(html):
+                page.goto(base_url + rel, wait_until="load")
+                page.wait_for_load_state("networkidle")
+                result = page.evaluate(PAGE_PROBE)
+                report.pages[rel] = PageReport(rel, **result)
+                shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
+                page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    return report
+
+
+def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_images_on: list[str]) -> None:
+    """The checks every built book must pass in the browser."""
+    remote = [u for u in report.requests
+              if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).hostname not in LOCAL_HOSTS]
+    assert not remote, f"requests left localhost: {remote}"
+    assert not report.failures, f"failed requests: {report.failures}"
+    for rel, page in report.pages.items():
+        assert page.typeset == page.math, f"{rel}: {page.math - page.typeset} equation(s) not typeset"
+        assert not page.leftovers, f"{rel}: raw TeX left in the page: {page.leftovers}"
+        assert not page.broken, f"{rel}: images not loaded: {page.broken}"
+    for rel in expect_math_on:
+        assert report.pages[rel].containers > 0, f"{rel}: no MathJax output"
+    for rel in expect_images_on:
+        assert report.pages[rel].images > 0, f"{rel}: no image"
+
+
+def test_built_book_in_browser(built_book: Path, serve) -> None:
+    """The repository's book: every page typesets, loads every image, and stays on localhost."""
+    from companion.status import load_record
+
+    report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots")
+    assert "book/intro.html" in report.pages and "book/api.html" in report.pages
+    record = load_record(built_book.parent / "run-record.json")
+    notebook_pages = [f"notebooks/{name}.html" for name in record.chapters
+                      if (built_book / "notebooks" / f"{name}.html").is_file()]
+    with_figures = [f"notebooks/{name}.html" for name, run in record.chapters.items()
+                    if run.figures and f"notebooks/{name}.html" in report.pages]
+    assert_book_ok(report, expect_math_on=["book/intro.html"], expect_images_on=with_figures)
+    for rel in notebook_pages:
+        assert rel in report.pages
+    (built_book.parent / "screenshots" / "report.json").write_text(
+        json.dumps({k: vars(v) for k, v in report.pages.items()}, indent=1), encoding="utf-8")
+
+
+def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> None:
+    """A throwaway chapter with math, a glued value and a figure renders fully offline."""
+    from companion.reproduce import Layout, reproduce
+
+    root = make_project("01_demo")
+    write_notebook(
+        root / "notebooks" / "01_demo.ipynb",
+        "seed = 0\nn_points = 20",
+        "# md\n# Demo\n\nThe bound $\\rho^* \\ge \\Delta^2/(2s)$ and\n\n$$\\phi_1(\\gamma) \\ge \\frac{\\gamma^2}{2}.$$",
+        "import numpy as np, matplotlib.pyplot as plt\nfrom companion.figures import save_figure\n"
+        "from myst_nb import glue\nfig, ax = plt.subplots()\n"
+        "ax.plot(np.random.default_rng(seed).normal(size=n_points))\nsave_figure(fig, 'demo_walk')\n"
+        "glue('points', n_points)",
+        "# md\nWe drew {glue:}`points` points.",
+        title=None,
+    )
+    layout = Layout.at(root)
+    reproduce(layout, "cpu", {"n_points": 30}, log=lambda *_: None)
+    report = check_in_browser(layout.html, serve(layout.html), tmp_path / "screenshots")
+    assert_book_ok(report, expect_math_on=["book/intro.html", "notebooks/01_demo.html"],
+                   expect_images_on=["notebooks/01_demo.html"])
+    chapter = (layout.html / "notebooks" / "01_demo.html").read_text(encoding="utf-8")
+    assert "We drew" in chapter and ">30<" in chapter.replace(" ", ""), "glued value not rendered"
+    status = (layout.html / "book" / "reproduction_status.html").read_text(encoding="utf-8")
+    assert "demo_walk" in status and "01_demo" in status
+    assert (tmp_path / "screenshots" / "notebooks__01_demo.png").stat().st_size > 10_000

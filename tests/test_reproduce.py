@@ -1,0 +1,288 @@
+"""`companion reproduce` / `build-book`: chapter list, profiles, parameters, runs, failures."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from companion import cli
+from companion.reproduce import (
+    Chapter, Layout, Profile, ReproduceError, find_remote_resources, load_profile, parse_value,
+    plan_parameters, read_chapters, reproduce, select_chapters,
+)
+from companion.status import ChapterRun, RunRecord, load_record, render_status_markdown, save_record
+from conftest import ROOT, write_notebook
+
+PLANNED = [
+    "01_criteria_level_sets", "02_exact_certificate", "03_strict_greedy", "04_relaxed_criteria",
+    "05_tree_decoding", "06_stochastic_contrast", "07_paper_evaluation", "08_real_drafter",
+    "09_your_own_models",
+]
+
+QUIET = dict(log=lambda *_: None)
+
+
+def _chapters(*names: str) -> list[Chapter]:
+    return [Chapter(n, f"notebooks/{n}", Path(f"/x/notebooks/{n}.ipynb")) for n in names]
+
+
+# --- table of contents and chapter selection ------------------------------------------------
+
+def test_chapters_come_from_the_toc_in_order() -> None:
+    chapters = read_chapters(ROOT)
+    assert [c.name for c in chapters] == PLANNED
+    assert all(c.path == ROOT / "notebooks" / f"{c.name}.ipynb" for c in chapters)
+
+
+def test_select_by_name_prefix_and_path() -> None:
+    chapters = _chapters("01_a", "02_b", "03_c")
+    assert [c.name for c in select_chapters(chapters, ["03"])] == ["03_c"]
+    assert [c.name for c in select_chapters(chapters, ["notebooks/02_b.ipynb", "01_a"])] == ["01_a", "02_b"]
+    assert select_chapters(chapters, []) == chapters
+
+
+def test_select_rejects_unknown_and_ambiguous() -> None:
+    chapters = _chapters("01_a", "01_b")
+    with pytest.raises(ReproduceError, match="not a chapter.*01_a, 01_b"):
+        select_chapters(chapters, ["07"])
+    with pytest.raises(ReproduceError, match="several"):
+        select_chapters(chapters, ["01"])
+
+
+# --- profiles and parameters ----------------------------------------------------------------
+
+def test_shipped_profiles_load() -> None:
+    cpu, gpu = load_profile(ROOT, "cpu"), load_profile(ROOT, "gpu")
+    assert cpu.parameters["device"] == "cpu" and cpu.parameters["preset"] == "default"
+    assert gpu.parameters["device"] == "cuda" and gpu.parameters["preset"].startswith("paper-qwen3")
+    assert gpu.parameters["n_prompts"] == 500 and gpu.parameters["n_steps"] == 128
+
+
+def test_unknown_profile_lists_the_known_ones() -> None:
+    with pytest.raises(ReproduceError, match=r"unknown profile 'tpu'.*cpu, gpu"):
+        load_profile(ROOT, "tpu")
+
+
+def test_profile_with_unknown_keys_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("parameters: {seed: 1}\nparams: {}\n")
+    with pytest.raises(ReproduceError, match="unknown keys"):
+        load_profile(tmp_path, str(bad))
+
+
+def test_parse_value_reads_yaml_scalars() -> None:
+    assert parse_value("8") == 8 and parse_value("0.3") == 0.3 and parse_value("true") is True
+    assert parse_value("cuda") == "cuda" and parse_value("[1, 2]") == [1, 2]
+
+
+def test_only_declared_parameters_are_injected() -> None:
+    chapters = _chapters("01_theory", "07_eval")
+    declared = {"01_theory": {"seed"}, "07_eval": {"seed", "device", "preset", "n_prompts"}}
+    profile = Profile("t", parameters={"seed": 3, "device": "cpu", "preset": "default"},
+                      notebooks={"07_eval": {"n_prompts": 5}})
+    plans = plan_parameters(chapters, declared, profile, {"device": "auto"}, [c.name for c in chapters])
+    assert plans == {"01_theory": {"seed": 3},
+                     "07_eval": {"seed": 3, "device": "auto", "preset": "default", "n_prompts": 5}}
+
+
+def test_parameters_named_explicitly_must_be_declared() -> None:
+    chapters = _chapters("01_theory")
+    declared = {"01_theory": {"seed"}}
+    with pytest.raises(ReproduceError, match="-p n_steps: no selected chapter declares"):
+        plan_parameters(chapters, declared, Profile("t"), {"n_steps": 4}, ["01_theory"])
+    with pytest.raises(ReproduceError, match=r"sets \['batch_size'\] for 01_theory"):
+        plan_parameters(chapters, declared, Profile("t", notebooks={"01_theory": {"batch_size": 2}}), {},
+                        ["01_theory"])
+    with pytest.raises(ReproduceError, match="unknown chapters"):
+        plan_parameters(chapters, declared, Profile("t", notebooks={"99_x": {}}), {}, ["01_theory"])
+
+
+def test_device_values_are_checked() -> None:
+    chapters = _chapters("07_eval")
+    with pytest.raises(ReproduceError, match="device must be one of"):
+        plan_parameters(chapters, {"07_eval": {"device"}}, Profile("t"), {"device": "tpu"}, ["07_eval"])
+
+
+# --- the remote-resource scan ---------------------------------------------------------------
+
+def test_remote_resources_are_found_and_links_are_not(tmp_path: Path) -> None:
+    (tmp_path / "a.html").write_text(
+        '<html><head><script src="https://cdn.example/mathjax.js"></script>'
+        '<link rel="stylesheet" href="//fonts.example/css"><link rel="canonical" href="https://x.example/">'
+        '<style>@font-face { src: url("https://fonts.example/f.woff2") }</style></head>'
+        '<body><a href="https://arxiv.org/abs/2606.30265">paper</a><img src="_images/local.png"></body></html>')
+    (tmp_path / "s.css").write_text("body { background: url(https://img.example/bg.png) }")
+    found = find_remote_resources(tmp_path)
+    assert found == ["a.html: https://cdn.example/mathjax.js", "a.html: //fonts.example/css",
+                     "a.html: https://fonts.example/f.woff2", "s.css: https://img.example/bg.png"]
+
+
+# --- the status page --------------------------------------------------------------------------
+
+def _run(name: str, **kw) -> ChapterRun:
+    base = dict(chapter=name, source=f"notebooks/{name}.ipynb", source_sha256="abc", profile="gpu",
+                parameters={"device": "cuda", "preset": "paper-qwen3-4b", "n_prompts": 500},
+                device="cuda", device_name="NVIDIA H200", started="2026-01-02T03:04:05Z", seconds=125.0,
+                figures=["fig_a"], python="3.11.7", torch="2.13.0", commit="abc1234")
+    base.update(kw)
+    return ChapterRun(**base)
+
+
+def test_status_page_reports_runs_missing_and_stale_chapters() -> None:
+    record = RunRecord({"07_eval": _run("07_eval"), "08_real": _run("08_real", figures=[], source_sha256="old")})
+    md = render_status_markdown(
+        record,
+        [("01_theory", "", None), ("02_more", "", "h"), ("07_eval", "../notebooks/07_eval.ipynb", "abc"),
+         ("08_real", "../notebooks/08_real.ipynb", "new")],
+        staged_figures=["fig_a"],
+    )
+    assert "2 of 4 chapters executed" in md
+    assert "| 01_theory | notebook not written yet |" in md
+    assert "| 02_more | not executed yet |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| [07_eval]"))
+    assert "2 min 05 s" in row and "cuda (NVIDIA H200)" in row and "Qwen3-4B target" in row
+    assert "`n_prompts=500`" in row and "source changed" not in row
+    assert "source changed since" in next(line for line in md.splitlines() if line.startswith("| [08_real]"))
+    assert "| `fig_a` | [07_eval](../notebooks/07_eval.ipynb) | {download}`PNG <../figures/fig_a.png>`" in md
+
+
+def test_record_round_trips_and_writes_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "rec" / "run-record.json"
+    record = RunRecord({"07_eval": _run("07_eval")})
+    save_record(record, path)
+    assert load_record(path) == record
+    assert [p.name for p in path.parent.iterdir()] == ["run-record.json"]
+    path.write_text(json.dumps({"schema": 99}))
+    with pytest.raises(ValueError, match="schema"):
+        load_record(path)
+
+
+# --- whole runs on a throwaway project (these execute notebooks and build a book) -------------
+
+FIGURE_CELL = (
+    "import matplotlib.pyplot as plt\nfrom companion.figures import save_figure\n"
+    "fig, ax = plt.subplots()\nax.plot([0, 1], [seed, n_points])\nsave_figure(fig, 'ok_line')\nprint(device, seed)"
+)
+
+
+@pytest.mark.book
+def test_reproduce_executes_records_and_builds(make_project) -> None:
+    root = make_project("01_ok", "02_not_written")
+    source = write_notebook(root / "notebooks" / "01_ok.ipynb", "device = 'auto'\nseed = 0\nn_points = 3",
+                            FIGURE_CELL)
+    before = source.read_bytes()
+    messages: list[str] = []
+    layout = Layout.at(root)
+    reproduce(layout, "cpu", {"seed": 7}, log=messages.append)
+
+    assert source.read_bytes() == before, "the source notebook must not be modified"
+    executed = nbformat.read(layout.executed / "01_ok.ipynb", as_version=4)
+    outputs = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+    assert "cpu 7" in outputs                      # profile device + -p override reached the kernel
+    assert sorted(p.name for p in layout.figures.iterdir()) == ["ok_line.pdf", "ok_line.png"]
+    run = load_record(layout.record).chapters["01_ok"]
+    assert run.parameters == {"device": "cpu", "seed": 7} and run.figures == ["ok_line"]
+    assert run.profile == "cpu" and run.seconds > 0
+    assert any("02_not_written" in m and "does not exist" in m for m in messages)
+    status = (layout.html / "book" / "reproduction_status.html").read_text()
+    assert "ok_line" in status and "not written yet" in status
+    assert (layout.html / "notebooks" / "01_ok.html").is_file()
+    assert (layout.html / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    assert find_remote_resources(layout.html) == []
+    assert not list(layout.work.iterdir()), "temporary work directories must be cleaned up"
+
+
+@pytest.mark.book
+def test_a_failing_notebook_fails_the_command_and_leaves_outputs_alone(make_project, capsys) -> None:
+    root = make_project("01_ok", "02_boom")
+    write_notebook(root / "notebooks" / "01_ok.ipynb", "device = 'cpu'\nseed = 0\nn_points = 3", FIGURE_CELL)
+    boom = write_notebook(root / "notebooks" / "02_boom.ipynb", "seed = 0", "x = 1")
+    layout = Layout.at(root)
+    reproduce(layout, "cpu", **QUIET)
+    html_before = (layout.html / "index.html").stat().st_mtime_ns
+    record_before = layout.record.read_text()
+    executed_before = (layout.executed / "02_boom.ipynb").read_bytes()
+
+    write_notebook(boom, "seed = 0", "raise ValueError('margin went negative')")
+    code = cli.main(["reproduce", "--root", str(root)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "02_boom" in err and "ValueError: margin went negative" in err
+    assert (layout.executed / "02_boom.ipynb").read_bytes() == executed_before
+    assert (layout.failed / "02_boom.ipynb").is_file()
+    assert (layout.html / "index.html").stat().st_mtime_ns == html_before, "book must not be rebuilt"
+    assert json.loads(layout.record.read_text())["chapters"]["02_boom"] == \
+        json.loads(record_before)["chapters"]["02_boom"]
+
+
+@pytest.mark.book
+def test_only_reruns_one_chapter_and_keeps_the_others(make_project) -> None:
+    root = make_project("01_ok", "02_other")
+    write_notebook(root / "notebooks" / "01_ok.ipynb", "device = 'cpu'\nseed = 0\nn_points = 3", FIGURE_CELL)
+    write_notebook(root / "notebooks" / "02_other.ipynb", "seed = 0", "print(seed)")
+    layout = Layout.at(root)
+    reproduce(layout, "cpu", build=False, **QUIET)
+    first = load_record(layout.record)
+    reproduce(layout, "cpu", {"seed": 5}, only=["02"], **QUIET)
+    second = load_record(layout.record)
+    assert second.chapters["01_ok"] == first.chapters["01_ok"]
+    assert second.chapters["02_other"].parameters == {"seed": 5}
+    assert (layout.html / "notebooks" / "01_ok.html").is_file()
+    with pytest.raises(ReproduceError, match="-p n_points: no selected chapter declares"):
+        reproduce(layout, "cpu", {"n_points": 2}, only=["02"], **QUIET)
+
+
+def test_cli_errors_are_clear(make_project, capsys) -> None:
+    root = make_project("01_missing")
+    assert cli.main(["reproduce", "--root", str(root), "--profile", "nope"]) == 1
+    assert "unknown profile 'nope'" in capsys.readouterr().err
+    assert cli.main(["reproduce", "--root", str(root), "--only", "01"]) == 1
+    assert "missing notebook(s): notebooks/01_missing.ipynb" in capsys.readouterr().err
+    assert cli.main(["reproduce", "--root", str(root), "--only", "05"]) == 1
+    assert "not a chapter in _toc.yml" in capsys.readouterr().err
+
+
+# --- README, environment.yml and requirements.txt stay in sync with the code -----------------
+
+def _pins(lines: list[str]) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        line = line.split("#")[0].strip().lstrip("- ").strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_environment_yml_pins_match_requirements() -> None:
+    import yaml
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert "python=3.11" in env["dependencies"]
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    required = _pins((ROOT / "requirements.txt").read_text().splitlines())
+    in_env = _pins(pip_section)
+    assert in_env.pop("torch") == "2.13.0"
+    assert in_env == required
+
+
+def test_readme_commands_match_the_code() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+    assert commands[:2] == ["bash scripts/setup.sh && .venv/bin/companion reproduce", "bash .ci/run"]
+    assert (ROOT / "scripts" / "setup.sh").is_file() and (ROOT / ".ci" / "run").is_file()
+    parser = cli.build_parser()
+    companion_calls = [c for c in commands if ".venv/bin/companion " in c]
+    assert len(companion_calls) >= 4
+    for command in companion_calls:
+        words = shlex.split(command.split(".venv/bin/companion ", 1)[1].split("&&")[0].split("#")[0])
+        args = parser.parse_args(words)                    # raises SystemExit on a stale flag
+        if getattr(args, "profile", "cpu") != "cpu":
+            load_profile(ROOT, args.profile)
+        for only in getattr(args, "only", []):
+            select_chapters(read_chapters(ROOT), [only])
