@@ -29,6 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="override a config field, e.g. --set target_stage.steps=100 (repeatable)")
     p.add_argument("--compare-to", type=Path, default=ASSET_DIR / "manifest.json",
                    help="manifest to compare the rebuilt files against (default: the committed one)")
+    p.add_argument("--reuse-target", type=Path, default=None, metavar="PAIR_DIR",
+                   help="load tokenizer and target from a finished build instead of retraining them; refused unless "
+                        "that build used the same target-side config, corpus and package versions (for iterating on "
+                        "the drafter stage)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_retrain)
 
@@ -54,7 +58,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides["seed"] = str(args.seed)
     cfg = apply_overrides(cfg, overrides)
-    result = build_pair(cfg, args.out, progress=not args.no_progress)
+    result = build_pair(cfg, args.out, progress=not args.no_progress, reuse_target=args.reuse_target)
     print(f"wrote {result.out_dir}")
     print(format_report(result.manifest, None))
     ref_path: Path = args.compare_to

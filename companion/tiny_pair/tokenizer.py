@@ -45,5 +45,4 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,  # source code: never rewrite " ," etc. on decode
         model_max_length=1 << 30,
     )
-    fast.padding_side = "left"  # batched greedy decoding appends on the right
     return fast

@@ -8,6 +8,7 @@ count and package versions: it writes ``tokenizer/``, ``target/``, ``drafter/`` 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import math
@@ -24,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -31,7 +33,7 @@ from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
 from companion.tiny_pair.evaluate import evaluate_pair, measure_speed
 from companion.tiny_pair.prompt_set import build_prompts, write_prompts_jsonl
-from companion.tiny_pair.tokenizer import train_bpe
+from companion.tiny_pair.tokenizer import train_bpe, wrap
 
 MANIFEST_NAME = "manifest.json"
 PROMPTS_NAME = "prompts.jsonl"
@@ -68,7 +70,7 @@ class BuildResult:
 
     out_dir: Path
     manifest: dict[str, Any]
-    target_log: StageLog
+    target_log: StageLog | None  # None when the target stage was reused
     drafter_log: StageLog
 
 
@@ -254,8 +256,9 @@ def package_versions() -> dict[str, str]:
 
 
 def _save_model(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, path: Path, dtype: torch.dtype) -> None:
-    model.to(dtype).save_pretrained(path, safe_serialization=True)
-    model.float()
+    # Convert a copy: .to(dtype) would also round non-persistent float buffers (rotary inv_freq) in
+    # the live model, which then would no longer equal a model loaded from disk.
+    copy.deepcopy(model).to(dtype).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)  # each model folder is self-contained
 
 
@@ -278,18 +281,22 @@ def build_pair(
     progress: bool = True,
     stdlib: Path | None = None,
     log=print,
+    reuse_target: str | Path | None = None,
 ) -> BuildResult:
     """Train tokenizer, target and drafter from ``cfg``; write the pair, prompts and manifest to ``out_dir``.
 
     Nothing is left half-written: all output goes to a staging folder beside ``out_dir`` that is
-    renamed into place at the end (and removed on failure).
+    renamed into place at the end (and removed on failure). ``reuse_target``: a finished pair folder
+    whose tokenizer and target this config would reproduce exactly (checked); they are loaded instead
+    of retrained, to iterate on the drafter stage.
     """
     out_dir = Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared folder
     try:
-        result = _build_into(cfg, staging, progress=progress, stdlib=stdlib, log=log)
+        result = _build_into(cfg, staging, progress=progress, stdlib=stdlib, log=log,
+                             reuse_target=Path(reuse_target).resolve() if reuse_target is not None else None)
         atomic_replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -298,7 +305,38 @@ def build_pair(
     return result
 
 
-def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | None, log) -> BuildResult:
+# Config fields that determine the tokenizer and the target; a target may be reused only if they all match.
+TARGET_FIELDS: tuple[str, ...] = ("seed", "vocab_size", "max_files", "seq_len", "max_position_embeddings",
+                                  "rope_theta", "target", "target_stage", "save_dtype", "num_threads")
+
+
+def _check_reusable(cfg: TrainConfig, pair_dir: Path, digest: str) -> dict[str, Any]:
+    """The manifest of ``pair_dir`` if its tokenizer and target are exactly what ``cfg`` would train here.
+
+    Same target-side config, same corpus, same package versions, untouched files: then the target
+    stage is deterministic, so loading it is equivalent to retraining it.
+    """
+    manifest = json.loads((pair_dir / MANIFEST_NAME).read_text())
+    problems = []
+    ours = cfg.to_dict()
+    for key in TARGET_FIELDS:
+        if manifest["config"].get(key) != ours[key]:
+            problems.append(f"config {key}: {manifest['config'].get(key)} != {ours[key]}")
+    if manifest["corpus"]["digest_sha256"] != digest:
+        problems.append("corpus digest differs")
+    for key, version in package_versions().items():
+        if manifest["versions"].get(key) != version:
+            problems.append(f"{key} {manifest['versions'].get(key)} != {version}")
+    for rel, h in manifest["files_sha256"].items():
+        if rel.startswith(("tokenizer/", "target/")) and sha256_file(pair_dir / rel) != h:
+            problems.append(f"{rel} does not match its manifest")
+    if problems:
+        raise ValueError(f"cannot reuse the target of {pair_dir}: " + "; ".join(problems))
+    return manifest
+
+
+def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | None, log,
+                reuse_target: Path | None = None) -> BuildResult:
     t_start = time.perf_counter()
     save_dtype = getattr(torch, cfg.save_dtype)
     with torch_threads(cfg.num_threads):
@@ -311,7 +349,12 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         log(f"corpus: {len(files)} files ({len(train_files)} train, {len(held_files)} held out), digest {digest[:16]}")
 
         # --- tokenizer (trained on the training split only)
-        tokenizer = train_bpe([f.text for f in train_files], cfg.vocab_size)
+        reused = _check_reusable(cfg, Path(reuse_target), digest) if reuse_target is not None else None
+        if reused is None:
+            tokenizer = train_bpe([f.text for f in train_files], cfg.vocab_size)
+        else:
+            # Rebuilt exactly as train_bpe returns it, so every saved tokenizer file is byte-identical.
+            tokenizer = wrap(Tokenizer.from_file(str(Path(reuse_target) / "tokenizer" / "tokenizer.json")))
         tokenizer.save_pretrained(root / "tokenizer")
         train_stream = token_stream(tokenizer, [f.text for f in train_files])
         held_stream = token_stream(tokenizer, [f.text for f in held_files])
@@ -319,15 +362,25 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         log(f"tokenizer: {len(tokenizer)} tokens; train {train_stream.numel()} tokens, held-out {held_stream.numel()}")
 
         # --- target: next-token cross entropy
-        torch.manual_seed(cfg.seed)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        target = make_model(cfg.target, cfg, len(tokenizer), eos, pad)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        target_log = _run_stage(target, train_windows, cfg.target_stage, gen, lm_loss, "target", progress)
-        _round_trip_dtype(target, save_dtype)
+        if reused is None:
+            torch.manual_seed(cfg.seed)
+            target = make_model(cfg.target, cfg, len(tokenizer), eos, pad)
+            gen = torch.Generator().manual_seed(cfg.seed)
+            target_log: StageLog | None = _run_stage(target, train_windows, cfg.target_stage, gen, lm_loss, "target",
+                                                     progress)
+            _round_trip_dtype(target, save_dtype)
+            target_summary = target_log.summary()
+        else:
+            # Stored weights are the round-tripped ones, so float32 from disk equals the in-memory target.
+            target = Qwen3ForCausalLM.from_pretrained(Path(reuse_target) / "target", dtype=torch.float32)
+            target_log = None
+            target_summary = {**reused["training"]["target"], "reused": True}
         target.requires_grad_(False)
-        log(f"target: {n_params(target):,} params, loss {target_log.summary()['first_loss_mean']} -> "
-            f"{target_log.summary()['last_loss_mean']} in {target_log.seconds:.0f}s")
+        target.eval()
+        log(f"target: {n_params(target):,} params, loss {target_summary['first_loss_mean']} -> "
+            f"{target_summary['last_loss_mean']} in {target_summary['seconds']}s"
+            + (" (reused)" if reused is not None else ""))
 
         # --- drafter: distillation from the (storage-rounded) target
         torch.manual_seed(cfg.seed + 1)
@@ -376,7 +429,7 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
             "save_dtype": cfg.save_dtype,
         },
         "training": {
-            "target": target_log.summary(),
+            "target": target_summary,
             "drafter": drafter_log.summary(),
             "total_seconds": round(time.perf_counter() - t_start, 1),
             "num_threads": cfg.num_threads,
