@@ -23,6 +23,7 @@ import datetime as dt
 import hashlib
 import html.parser
 import json
+import logging
 import os
 import platform
 import re
@@ -236,10 +237,33 @@ def parse_value(text: str) -> Any:
 
 
 def declared_parameters(path: Path) -> set[str]:
-    """Names declared in the notebook's papermill ``parameters`` cell."""
-    import papermill
+    """Names assigned in the notebook's papermill ``parameters`` cell (empty if it has none).
 
-    return set(papermill.inspect_notebook(str(path)))
+    Read with ``ast`` rather than ``papermill.inspect_notebook``: papermill's line parser skips
+    valid assignments whose comment contains ``=`` (e.g. ``vocab = 12  # needs V >= 10``),
+    which would make a declared parameter look undeclared.
+    """
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError as err:
+                raise ReproduceError(f"{path.name}: the parameters cell is not valid Python: {err}") from err
+            names: set[str] = set()
+            for node in tree.body:
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+                for target in targets:
+                    for leaf in ast.walk(target):
+                        if isinstance(leaf, ast.Name):
+                            names.add(leaf.id)
+            return names
+    return set()
 
 
 def plan_parameters(
@@ -372,6 +396,18 @@ def patched_environ(set_: dict[str, str], unset: tuple[str, ...] = ()) -> Iterat
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _muted_logger(name: str) -> Iterator[None]:
+    """Raise a logger's level to ERROR for the duration."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _error_summary(err: BaseException) -> str:
     """One line for a notebook failure: the cell and the exception, without ANSI colours."""
     from papermill.exceptions import PapermillExecutionError
@@ -419,7 +455,9 @@ def execute_chapter(
     }
     start = time.perf_counter()
     # MPLBACKEND is unset so the kernel uses the inline backend and figures land in the notebook.
-    with patched_environ(env, unset=("MPLBACKEND",)):
+    # papermill's own warnings are muted: its parameter-cell parser complains about valid lines
+    # (see declared_parameters), and we only ever pass declared parameters.
+    with patched_environ(env, unset=("MPLBACKEND",)), _muted_logger("papermill"):
         try:
             papermill.execute_notebook(
                 str(chapter.path), str(out), parameters=params, kernel_name=KERNEL_NAME,

@@ -124,7 +124,7 @@ def _models(run: ChapterRun) -> str:
     for key, value in sorted(run.parameters.items()):
         if "model" in key and value not in (None, ""):
             parts.append(f"{key} = `{value}`")
-    return "; ".join(parts) if parts else "none (no model)"
+    return "; ".join(parts)
 
 
 def _parameters(run: ChapterRun) -> str:
@@ -184,7 +184,7 @@ def render_status_markdown(
             device += f" ({run.device_name})"
         lines.append(
             "| " + " | ".join(_cell(x) for x in (
-                title, when, _duration(run.seconds), device, f"{run.profile}; {_models(run)}", _parameters(run),
+                title, when, _duration(run.seconds), device, "; ".join(filter(None, [run.profile, _models(run)])), _parameters(run),
             )) + " |"
         )
     lines.append("")

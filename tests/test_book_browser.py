@@ -35,6 +35,7 @@ async () => {
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
     await MathJax.startup.promise;
   }
+  await document.fonts.ready;
   const math = Array.from(document.querySelectorAll('.math'));
   const body = document.body.cloneNode(true);
   body.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
@@ -119,7 +120,9 @@ def check_in_browser(html: Path, base_url: str, screenshots: Path) -> BrowserRep
             page = context.new_page()
             for rel in book_pages(html):
                 page.goto(base_url + rel, wait_until="load")
-                page.wait_for_load_state("networkidle")
+                # Not "networkidle": Chromium sometimes never reports it on long pages even with
+                # every request finished. Wait for what the checks need instead.
+                page.wait_for_function("() => Array.from(document.images).every(i => i.complete)")
                 result = page.evaluate(PAGE_PROBE)
                 report.pages[rel] = PageReport(rel, **result)
                 shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
@@ -156,11 +159,11 @@ def test_built_book_in_browser(built_book: Path, serve) -> None:
                       if (built_book / "notebooks" / f"{name}.html").is_file()]
     with_figures = [f"notebooks/{name}.html" for name, run in record.chapters.items()
                     if run.figures and f"notebooks/{name}.html" in report.pages]
+    (built_book.parent / "screenshots" / "report.json").write_text(
+        json.dumps({k: vars(v) for k, v in report.pages.items()}, indent=1), encoding="utf-8")
     assert_book_ok(report, expect_math_on=["book/intro.html"], expect_images_on=with_figures)
     for rel in notebook_pages:
         assert rel in report.pages
-    (built_book.parent / "screenshots" / "report.json").write_text(
-        json.dumps({k: vars(v) for k, v in report.pages.items()}, indent=1), encoding="utf-8")
 
 
 def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> None:

@@ -79,6 +79,20 @@ def test_parse_value_reads_yaml_scalars() -> None:
     assert parse_value("cuda") == "cuda" and parse_value("[1, 2]") == [1, 2]
 
 
+def test_declared_parameters_come_from_the_tagged_cell(tmp_path: Path) -> None:
+    from companion.reproduce import declared_parameters
+
+    path = write_notebook(tmp_path / "n.ipynb",
+                          "vocab = 12   # top-k with k = 10 needs V >= 10\nseed: int = 0\na, (b, c) = 1, (2, 3)",
+                          "not_a_parameter = 1")
+    assert declared_parameters(path) == {"vocab", "seed", "a", "b", "c"}
+    bare = write_notebook(tmp_path / "bare.ipynb", "x = 1")
+    nb = nbformat.read(bare, as_version=4)
+    nb.cells[1].metadata["tags"] = []
+    nbformat.write(nb, bare)
+    assert declared_parameters(bare) == set()
+
+
 def test_only_declared_parameters_are_injected() -> None:
     chapters = _chapters("01_theory", "07_eval")
     declared = {"01_theory": {"seed"}, "07_eval": {"seed", "device", "preset", "n_prompts"}}
