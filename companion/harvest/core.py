@@ -1,0 +1,426 @@
+"""``harvest``: traces of many prompts, sharded, resumable, and split across processes."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from companion.criteria import PAPER_CRITERIA, Criterion, parse_criteria
+from companion.harvest import store
+from companion.harvest.decode import BlockHook, decode_batch
+from companion.harvest.schema import arrow_schema
+from companion.harvest.stats import StepStatistics
+from companion.prompts import Prompt, prompt_set_digest
+
+TREE_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
+ORDERS = ("length", "given")
+
+
+def default_batch_size(device: torch.device) -> int:
+    """Prompts per batch when none is given: 32 on CUDA, 8 on the CPU."""
+    return 32 if device.type == "cuda" else 8
+
+
+def default_chunk_steps(device: torch.device, batch_size: int) -> int:
+    """Steps per statistics block: about 256 rows per block on CUDA (amortises kernel launches), 1 on the CPU."""
+    return max(1, 256 // batch_size) if device.type == "cuda" else 1
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Rank and world size of this process, and a barrier (a no-op when alone)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    state: Any = None
+
+    def barrier(self) -> None:
+        if self.state is not None and self.world > 1:
+            self.state.wait_for_everyone()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def distributed_context() -> Distributed:
+    """This process's place among those started by ``accelerate launch`` / ``torchrun`` (``WORLD_SIZE`` > 1).
+
+    Uses ``accelerate.PartialState``, which sets up the process group (gloo on CPUs, NCCL on GPUs).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Distributed()
+    from accelerate import PartialState
+
+    state = PartialState()
+    return Distributed(rank=state.process_index, world=state.num_processes,
+                       local_rank=state.local_process_index, state=state)
+
+
+def as_prompts(prompts: Sequence[Prompt | str | dict[str, Any]]) -> list[Prompt]:
+    """Prompt objects from ``Prompt``s, dicts with ``prompt_id`` and ``text``, or plain strings (ids ``prompt-00000``...)."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, Prompt):
+            out.append(p)
+        elif isinstance(p, str):
+            out.append(Prompt(f"prompt-{i:05d}", p, -1, "<api>", 0))
+        elif isinstance(p, dict) and "text" in p:
+            out.append(Prompt(str(p.get("prompt_id", f"prompt-{i:05d}")), p["text"], int(p.get("n_tokens", -1)),
+                              str(p.get("source", "<api>")), int(p.get("line", 0))))
+        else:
+            raise TypeError(f"prompt {i}: expected a Prompt, a str or a dict with 'text', got {type(p).__name__}")
+    ids = [p.prompt_id for p in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate prompt_id values in the prompt set")
+    if not out:
+        raise ValueError("the prompt set is empty")
+    return out
+
+
+def resolve_eos(target: Any, tokenizer: Any, eos_token_ids: Sequence[int] | None) -> list[int]:
+    """EOS ids: the given ones, else the target's generation config's plus the tokenizer's."""
+    if eos_token_ids is not None:
+        return sorted({int(i) for i in eos_token_ids})
+    ids: set[int] = set()
+    gen = getattr(target, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return sorted(ids)
+
+
+def _vocab_size(model: Any) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def harvest(
+    target: Any,
+    drafter: Any | None,
+    tokenizer: Any,
+    prompts: Sequence[Prompt | str | dict[str, Any]],
+    out_dir: str | os.PathLike[str],
+    *,
+    criteria: Sequence[str | Criterion] = PAPER_CRITERIA,
+    tree_widths: Sequence[int] = TREE_WIDTHS,
+    n_steps: int = 128,
+    batch_size: int | None = None,
+    prompts_per_shard: int | None = None,
+    chunk_steps: int | None = None,
+    top_k: int = 64,
+    stop_at_eos: bool = True,
+    eos_token_ids: Sequence[int] | None = None,
+    order: str = "length",
+    seed: int = 0,
+    add_special_tokens: bool = False,
+    prompt_set_name: str | None = None,
+    extra: dict[str, Any] | None = None,
+    progress: bool = True,
+    hook: BlockHook | None = None,
+) -> dict[str, Any]:
+    """Greedy-decode every prompt with ``target`` and write per-step traces to ``out_dir``; return the manifest.
+
+    ``target`` / ``drafter``: causal LMs (``transformers``) on the same device, in eval mode; the
+    device and dtype used are theirs. ``drafter`` None: target-side columns only. ``tokenizer``
+    tokenizes the prompt texts as they are (``add_special_tokens`` False by default: chat prompts
+    already carry their template). ``criteria``: specs or criteria (default: the paper's);
+    ``tree_widths``: the ``m`` of the tree certificates; ``n_steps``: greedy steps per prompt;
+    ``stop_at_eos``: a prompt's trace ends at its first EOS (``eos_token_ids``, default: the
+    target's generation config and the tokenizer's).
+
+    Batching: prompts are ordered (``order="length"``: by token count then position, which
+    minimises padding; ``"given"``: as given) and cut into shards of ``prompts_per_shard``
+    (default ``batch_size``), each decoded in batches of ``batch_size`` (default 32 on CUDA, 8 on
+    the CPU). ``chunk_steps`` steps are reduced to statistics at a time (default: about 256 rows
+    on CUDA, 1 on the CPU); the drafter is fed one block of tokens per forward.
+
+    Resuming: if ``out_dir`` already holds a harvest with the same configuration, its complete
+    shards are kept and only the missing ones are computed; a different configuration raises
+    :class:`~companion.harvest.store.HarvestConfigError` naming the differing keys.
+
+    Several processes (``accelerate launch`` / ``torchrun``): shard ``i`` is computed by the
+    process of rank ``i mod world``; shards are the same whatever the world size, so the merged
+    result equals a single-process run. The main process merges the manifest at the end.
+
+    ``hook(batch_positions, first_step, logits_p, logits_q, columns)`` sees every block on the device.
+    """
+    t_start = time.perf_counter()
+    started = store.iso_now()
+    dist = distributed_context()
+    out = Path(out_dir)
+    device = target.device
+    if drafter is not None and drafter.device != device:
+        raise ValueError(f"target is on {device} but drafter on {drafter.device}: put both on one device")
+    vocab = _vocab_size(target)
+    if drafter is not None and _vocab_size(drafter) != vocab:
+        raise ValueError(f"target has {vocab} output tokens but drafter {_vocab_size(drafter)}: they must share a vocabulary")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be a positive integer, got {n_steps!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    crits = parse_criteria(list(criteria))
+    specs = [str(c) for c in crits]
+    widths = [int(m) for m in tree_widths]
+    stats = StepStatistics(crits, widths, vocab=vocab, top_k=top_k)
+    bsz = default_batch_size(device) if batch_size is None else int(batch_size)
+    if bsz < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    per_shard = bsz if prompts_per_shard is None else int(prompts_per_shard)
+    if per_shard < 1:
+        raise ValueError(f"prompts_per_shard must be >= 1, got {prompts_per_shard}")
+    chunk = default_chunk_steps(device, bsz) if chunk_steps is None else int(chunk_steps)
+    if chunk < 1:
+        raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
+
+    plist = as_prompts(prompts)
+    token_ids = [tokenizer(p.text, add_special_tokens=add_special_tokens)["input_ids"] for p in plist]
+    for p, ids in zip(plist, token_ids):
+        if not ids:
+            raise ValueError(f"prompt {p.prompt_id!r} has no tokens")
+        if max(ids) >= vocab:
+            raise ValueError(f"prompt {p.prompt_id!r} has token id {max(ids)} >= the models' vocabulary {vocab}")
+    for name, model in (("target", target), ("drafter", drafter)):
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None) if model is not None else None
+        if limit:
+            too_long = [p.prompt_id for p, ids in zip(plist, token_ids) if len(ids) + n_steps > limit]
+            if too_long:
+                raise ValueError(f"{len(too_long)} prompt(s) do not fit the {name}'s {limit} positions with "
+                                 f"{n_steps} steps, e.g. {too_long[0]!r}")
+    eos = resolve_eos(target, tokenizer, eos_token_ids) if stop_at_eos else []
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+
+    versions = store.package_versions()
+    config: dict[str, Any] = {
+        "target": store.model_identity(target),
+        "drafter": store.model_identity(drafter) if drafter is not None else None,
+        "tokenizer": store.tokenizer_identity(tokenizer),
+        "dtype": _dtype_name(next(target.parameters()).dtype),
+        "drafter_dtype": _dtype_name(next(drafter.parameters()).dtype) if drafter is not None else None,
+        "device_type": device.type,
+        "prompt_set": {"digest": prompt_set_digest(plist), "n_prompts": len(plist)},
+        "criteria": specs,
+        "tree_widths": widths,
+        "n_steps": n_steps,
+        "top_k": top_k,
+        "batch_size": bsz,
+        "prompts_per_shard": per_shard,
+        "chunk_steps": chunk,
+        "order": order,
+        "stop_at_eos": stop_at_eos,
+        "eos_token_ids": eos,
+        "pad_token_id": int(pad_id),
+        "add_special_tokens": add_special_tokens,
+        "seed": seed,
+        # Numerics depend on these: a resume under other versions would mix rows of two programs.
+        "software": {k: versions[k] for k in ("companion", "torch", "transformers")},
+    }
+    digest = store.config_digest(config)
+
+    # Shard plan: the same whatever the number of processes.
+    positions = list(range(len(plist)))
+    if order == "length":
+        positions.sort(key=lambda i: (len(token_ids[i]), i))
+    shards = [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
+
+    # The main process checks an existing manifest and writes the new one; the others then check it.
+    manifest_path = out / store.MANIFEST
+    environment = store.environment_record(device, dist.world)
+    if dist.is_main:
+        previous = _check_existing(out, config, digest)
+        manifest = previous or {
+            "format": store.FORMAT,
+            "status": "running",
+            "config_digest": digest,
+            "config": config,
+            "schema": arrow_schema(specs, widths, drafter is not None, top_k).names,
+            "prompt_set_name": prompt_set_name,
+            "extra": extra or {},
+            "created": started,
+            "runs": [],
+        }
+        manifest["status"] = "running"
+        manifest["environment"] = environment
+        store.write_json(manifest_path, manifest)
+    dist.barrier()
+    if not dist.is_main:
+        _check_existing(out, config, digest)
+    store.remove_stale_temporaries(out, dist.rank, dist.world)
+
+    done = store.existing_shards(out)
+    for index, path in done.items():
+        meta = store.shard_meta(path)
+        if meta["config_digest"] != digest:
+            raise store.HarvestConfigError(f"{path} was written by a harvest with another configuration")
+    mine = [i for i in range(len(shards)) if i % dist.world == dist.rank and i not in done]
+    torch.manual_seed(seed)  # greedy decoding uses no randomness; seeded for anything that might
+
+    schema = arrow_schema(specs, widths, drafter is not None, top_k)
+    bar = _progress(progress, total=sum(len(shards[i]) for i in mine) * n_steps, rank=dist.rank, world=dist.world)
+    rows_done = 0
+    compute_s = 0.0
+    for index in mine:
+        t0 = time.perf_counter()
+        members = shards[index]
+        parts = []
+        for start in range(0, len(members), bsz):
+            batch = members[start:start + bsz]
+            result = decode_batch(
+                target, drafter, [token_ids[i] for i in batch], n_steps, stats,
+                chunk_steps=chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
+                hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
+            )
+            parts.append(_batch_table(result, batch, plist, token_ids, schema))
+            if bar is not None:  # steps skipped after every prompt ended count as done
+                bar.update(len(batch) * (n_steps - result.steps_run))
+        table = pa.concat_tables(parts)
+        elapsed = time.perf_counter() - t0
+        meta = {
+            "index": index,
+            "rank": dist.rank,
+            "config_digest": digest,
+            "prompt_ids": [plist[i].prompt_id for i in members],
+            "rows": table.num_rows,
+            "top2_ties": int(np.count_nonzero(table.column("top2_tie").to_numpy(zero_copy_only=False))),
+            "compute_s": round(elapsed, 3),
+        }
+        store.write_shard(out, index, dist.rank, table, meta)
+        rows_done += table.num_rows
+        compute_s += elapsed
+    if bar is not None:
+        bar.close()
+
+    part = {"rank": dist.rank, "device": str(device), "shards_computed": len(mine), "rows": rows_done,
+            "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3)}
+    store.write_json(out / store.PARTS_DIR / f"rank{dist.rank}.json", part)
+    dist.barrier()
+    manifest = None
+    if dist.is_main:
+        manifest = _finalize(out, digest, len(shards), dist.world, started, t_start)
+    dist.barrier()
+    if manifest is None:
+        manifest = store.read_manifest(out)
+    return manifest
+
+
+def _check_existing(out: Path, config: dict[str, Any], digest: str) -> dict[str, Any] | None:
+    """The manifest already in ``out`` if its configuration is ``config``; None if ``out`` is new; else raise."""
+    if (out / store.MANIFEST).exists():
+        previous = store.read_manifest(out)
+        if previous["config_digest"] != digest:
+            diffs = store.config_differences(previous["config"], config)
+            raise store.HarvestConfigError(
+                f"{out} already holds a harvest with a different configuration:\n  "
+                + "\n  ".join(diffs or ["(digest differs)"])
+                + f"\nUse another output directory, or delete {out} to start over.")
+        return previous
+    if out.exists() and any(not e.name.startswith(".") for e in out.iterdir()):
+        raise store.HarvestConfigError(f"{out} exists, is not empty and has no {store.MANIFEST}: refusing to write into it")
+    return None
+
+
+def _finalize(out: Path, digest: str, n_shards: int, world: int, started: str, t_start: float) -> dict[str, Any]:
+    """Main process: merge the per-process records and the shard list into the manifest."""
+    manifest = store.read_manifest(out)
+    parts_dir = out / store.PARTS_DIR
+    ranks = []
+    for r in range(world):
+        path = parts_dir / f"rank{r}.json"
+        if path.exists():
+            import json
+
+            ranks.append(json.loads(path.read_text()))
+    found = store.existing_shards(out)
+    shard_records = store.summarize_shards(found[i] for i in sorted(found))
+    missing = sorted(set(range(n_shards)) - set(found))
+    rows_this_run = sum(r["rows"] for r in ranks)
+    wall = time.perf_counter() - t_start
+    if rows_this_run:
+        manifest["runs"].append({
+            "started": started, "finished": store.iso_now(), "wall_s": round(wall, 3), "world_size": world,
+            "rows": rows_this_run, "steps_per_s": round(rows_this_run / wall, 3) if wall > 0 else None, "ranks": ranks,
+        })
+    rows = sum(s["rows"] for s in shard_records)
+    compute = sum(s["compute_s"] for s in shard_records)
+    manifest["shards"] = shard_records
+    manifest["totals"] = {
+        "shards": len(shard_records),
+        "prompts": sum(len(s["prompt_ids"]) for s in shard_records),
+        "rows": rows,
+        "top2_tie_steps": sum(s["top2_ties"] for s in shard_records),
+        "compute_s": round(compute, 3),
+        "steps_per_s_per_process": round(rows / compute, 3) if compute > 0 else None,
+        "wall_s": round(sum(r["wall_s"] for r in manifest["runs"]), 3),
+    }
+    manifest["status"] = "complete" if not missing else "incomplete"
+    if missing:
+        manifest["missing_shards"] = missing
+    else:
+        manifest.pop("missing_shards", None)
+    store.write_json(out / store.MANIFEST, manifest)
+    for r in range(world):
+        (parts_dir / f"rank{r}.json").unlink(missing_ok=True)
+    if parts_dir.is_dir() and not any(parts_dir.iterdir()):
+        parts_dir.rmdir()
+    return manifest
+
+
+def _batch_hook(hook: BlockHook | None, batch: list[int]) -> BlockHook | None:
+    """Translate batch-local rows to prompt positions for the user's hook."""
+    if hook is None:
+        return None
+
+    def inner(rows, first, lp, lq, cols):
+        hook([batch[r] for r in rows], first, lp, lq, cols)
+
+    return inner
+
+
+_NUMPY = {pa.int32(): np.int32, pa.float64(): np.float64, pa.bool_(): np.bool_}
+
+
+def _batch_table(result: Any, batch: list[int], plist: list[Prompt], token_ids: list[list[int]], schema: pa.Schema) -> pa.Table:
+    """Rows (prompt-major, then step) of the recorded steps of one batch."""
+    valid = result.valid
+    counts = valid.sum(1)
+    n = int(counts.sum())
+    steps = np.broadcast_to(np.arange(valid.shape[1], dtype=np.int32), valid.shape)[valid]
+    arrays: dict[str, pa.Array] = {
+        "prompt_id": pa.array(np.repeat(np.array([plist[i].prompt_id for i in batch], dtype=object), counts), pa.string()),
+        "prompt_index": pa.array(np.repeat(np.asarray(batch, dtype=np.int32), counts)),
+        "prompt_tokens": pa.array(np.repeat(np.asarray([len(token_ids[i]) for i in batch], dtype=np.int32), counts)),
+        "step": pa.array(steps),
+    }
+    for field in schema:
+        if field.name in arrays:
+            continue
+        col = result.columns[field.name][valid]
+        if pa.types.is_fixed_size_list(field.type):
+            flat = pa.array(np.ascontiguousarray(col).reshape(-1).astype(_NUMPY[field.type.value_type]))
+            arrays[field.name] = pa.FixedSizeListArray.from_arrays(flat, field.type.list_size)
+        else:
+            arrays[field.name] = pa.array(col.astype(_NUMPY[field.type]), field.type)
+    assert all(len(a) == n for a in arrays.values())
+    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+
+
+def _progress(enabled: bool, total: int, rank: int, world: int):
+    if not enabled or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    desc = "harvest" if world == 1 else f"harvest rank {rank}"
+    return tqdm(total=total, desc=desc, unit="step", position=rank, dynamic_ncols=True, smoothing=0.05)

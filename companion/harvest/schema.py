@@ -1,0 +1,146 @@
+"""The trace schema: one row per decoding step, one column per (statistic, criterion or width).
+
+Everything about the columns lives in :data:`SCHEMA`; the Arrow schema of a harvest
+(:func:`arrow_schema`), the list of concrete column names (:func:`column_names`) and the
+page-ready Markdown table (:func:`schema_markdown`) are all generated from it, so the
+documentation cannot drift from the files.
+
+Notation: at step ``t`` of prompt ``i`` the target's next-token distribution is ``p`` (softmax of
+its logits, ``V`` tokens), the drafter's is ``q``; ``p(1) >= p(2) >= ...`` are ``p`` sorted;
+``g`` is the target's greedy token and ``d`` the drafter's. Both are *id-based* argmaxes
+(``torch.argmax``: the lowest id among exact ties), as every greedy decoder implements them.
+A criterion ``c`` accepts a token ``y`` iff ``p_y >= tau_c(p)`` (``>`` for typical acceptance);
+``rho*_c`` is its exact certificate (``companion.certificates``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import pyarrow as pa
+
+Per = Literal["step", "criterion", "width"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column template.
+
+    ``name`` contains ``{spec}`` (one column per criterion spec) or ``{m}`` (one per tree width)
+    when ``per`` says so; ``type`` is an Arrow type name (``list<...>`` columns hold ``top_k``
+    entries); ``drafter`` marks columns present only when a drafter is run.
+    """
+
+    name: str
+    type: str
+    per: Per
+    drafter: bool
+    meaning: str
+
+
+SCHEMA: tuple[Column, ...] = (
+    Column("prompt_id", "string", "step", False, "Identifier of the prompt (from the prompt set)."),
+    Column("prompt_index", "int32", "step", False, "0-based position of the prompt in the prompt set as given."),
+    Column("prompt_tokens", "int32", "step", False, "Number of tokens of the prompt (no padding)."),
+    Column("step", "int32", "step", False,
+           "0-based decoding step: the row describes the distributions of the (step+1)-th generated token."),
+    Column("token", "int32", "step", False,
+           "g: the target's greedy token, an id-based argmax of its logits (lowest id among exact ties); "
+           "the token appended to the sequence."),
+    Column("p_top1", "float64", "step", False, "p(1): the target's top-1 probability."),
+    Column("margin", "float64", "step", False, "p(1) - p(2): the target's top-2 margin (0 on exact ties)."),
+    Column("entropy", "float64", "step", False, "H(p) = -sum p log p of the target, in nats."),
+    Column("top10_mass", "float64", "step", False, "p(1) + ... + p(10): the target's top-10 mass."),
+    Column("top2_tie", "bool", "step", False,
+           "The target's two largest logits are exactly equal (bf16 produces such ties); g is then "
+           "decided by token id alone. Counted in the manifest."),
+    Column("top_probs", "list<float64>", "step", False,
+           "p(1), ..., p(k): the target's top-k probabilities (k = top_k, default 64), decreasing."),
+    Column("top_ids", "list<int32>", "step", False,
+           "Token ids of top_probs (the order among exactly tied probabilities is unspecified)."),
+    Column("cert_fwd[{spec}]", "float64", "criterion", False,
+           "rho*_c(p) for D = KL(p||q): any drafter with KL(p||q) below it has its greedy draft accepted "
+           "by criterion c; +inf when c rejects nothing."),
+    Column("cert_rev[{spec}]", "float64", "criterion", False, "rho*_c(p) for D = KL(q||p) (reverse)."),
+    Column("tree_cert_fwd[{m}]", "float64", "width", False,
+           "Exact certificate, in KL(p||q), that g is among the drafter's top-m (greedy tree of width m)."),
+    Column("tree_cert_rev[{m}]", "float64", "width", False, "The same in KL(q||p)."),
+    Column("kl_fwd", "float64", "step", True, "KL(p||q) in nats (float64 from the full logits)."),
+    Column("kl_rev", "float64", "step", True, "KL(q||p) in nats."),
+    Column("tv", "float64", "step", True,
+           "TV(p, q) = sum |p - q| / 2; speculative sampling accepts a draft x ~ q with probability 1 - TV."),
+    Column("draft_token", "int32", "step", True, "d: the drafter's greedy token (id-based argmax of its logits)."),
+    Column("draft_p", "float64", "step", True, "p_d: the target's probability of the drafter's token."),
+    Column("draft_rank", "int32", "step", True,
+           "Rank of d under the target, 1-based: 1 + #{z : p_z > p_d} (ties share the best rank)."),
+    Column("token_rank_in_draft", "int32", "step", True,
+           "Pessimistic rank of g under the drafter: 1 + #{z != g : q_z >= q_g}."),
+    Column("accepted[{spec}]", "bool", "criterion", True,
+           "Criterion c accepts the drafter's token d: p_d >= tau_c(p) (level-set rule: on a top2_tie step strict "
+           "greedy accepts both maximisers, where an id-based check, draft_token == token, accepts one)."),
+    Column("certified_fwd[{spec}]", "bool", "criterion", True,
+           "KL(p||q) < cert_fwd[c]: acceptance of d is certified. Soundness: certified implies accepted."),
+    Column("certified_rev[{spec}]", "bool", "criterion", True, "KL(q||p) < cert_rev[c]."),
+    Column("covered[{m}]", "bool", "width", True,
+           "g is among the drafter's top-m whatever the tie-breaking: fewer than m other tokens have q_z >= q_g "
+           "(token_rank_in_draft <= m)."),
+    Column("tree_certified_fwd[{m}]", "bool", "width", True,
+           "KL(p||q) < tree_cert_fwd[m]. Soundness: tree-certified implies covered."),
+    Column("tree_certified_rev[{m}]", "bool", "width", True, "KL(q||p) < tree_cert_rev[m]."),
+)
+"""Every column of a trace, in file order. Expand with :func:`column_names` / :func:`arrow_schema`."""
+
+_TYPES = {
+    "string": pa.string(),
+    "int32": pa.int32(),
+    "float64": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
+def _arrow_type(type_name: str, top_k: int) -> pa.DataType:
+    if type_name.startswith("list<"):
+        inner = _TYPES[type_name[5:-1]]
+        return pa.list_(inner, top_k)  # fixed-size list: every row holds exactly top_k entries
+    return _TYPES[type_name]
+
+
+def expand(column: Column, criteria: Sequence[str], widths: Sequence[int]) -> list[str]:
+    """Concrete names of one template: one per criterion spec or tree width, or the name itself."""
+    if column.per == "criterion":
+        return [column.name.format(spec=s) for s in criteria]
+    if column.per == "width":
+        return [column.name.format(m=m) for m in widths]
+    return [column.name]
+
+
+def column_names(criteria: Sequence[str], widths: Sequence[int], drafter: bool) -> list[str]:
+    """All column names of a harvest with these criterion specs, tree widths and drafter presence."""
+    return [n for c in SCHEMA if drafter or not c.drafter for n in expand(c, criteria, widths)]
+
+
+def arrow_schema(criteria: Sequence[str], widths: Sequence[int], drafter: bool, top_k: int) -> pa.Schema:
+    """The Arrow schema of the shards of such a harvest (columns in :data:`SCHEMA` order)."""
+    fields = []
+    for c in SCHEMA:
+        if c.drafter and not drafter:
+            continue
+        t = _arrow_type(c.type, top_k)
+        fields.extend(pa.field(n, t, nullable=False) for n in expand(c, criteria, widths))
+    return pa.schema(fields)
+
+
+def schema_markdown(example_criteria: Iterable[str] = ("additive:0.3",), example_widths: Iterable[int] = (4,)) -> str:
+    """A Markdown table of :data:`SCHEMA` for the book: one line per template, with an example name."""
+    crit = list(example_criteria)[:1] or ["greedy"]
+    wid = list(example_widths)[:1] or [1]
+    lines = [
+        "| column | type | drafter only | example | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for c in SCHEMA:
+        example = expand(c, crit, wid)[0]
+        meaning = c.meaning.replace("|", "\\|")
+        lines.append(f"| `{c.name}` | {c.type} | {'yes' if c.drafter else ''} | `{example}` | {meaning} |")
+    return "\n".join(lines) + "\n"

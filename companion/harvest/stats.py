@@ -1,0 +1,209 @@
+"""Per-step statistics of target and drafter distributions, computed on the device from full logits.
+
+:class:`StepStatistics` turns a block of target logits ``[N, V]`` (and the drafter's, same shape)
+into the per-step trace columns of :mod:`companion.harvest.schema`. Nothing of size ``V`` leaves
+the device or outlives the call; the results are ``[N]`` (or ``[N, top_k]``) tensors.
+
+What is computed, and by whom:
+
+* the target's top-``K`` summary and entropy: :func:`companion.summary.summarize` (so every
+  probability here is normalised exactly as the certificate engine normalises it);
+* the certificates: :func:`companion.certificates.certificates`, one call for all criteria,
+  both divergences and all tree widths;
+* the drafter side: ``KL(p||q)``, ``KL(q||p)`` and ``TV(p, q)`` in float64 from one pass over
+  each row (below), argmaxes and ranks by comparisons on the logits, acceptance by each
+  criterion's own ``accept_from`` against the threshold of the same summary.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from companion.certificates import certificates
+from companion.criteria import Criterion, parse_criteria
+from companion.summary import DEFAULT_TOP, summarize
+from companion.validation import check_tree_width
+
+#: Largest finite float32: stands in for -inf logits so that 0 * log 0 terms vanish instead of NaN.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+class StepStatistics:
+    """Computes the trace columns of a block of steps.
+
+    ``criteria``: specs or :class:`~companion.criteria.Criterion` objects; ``tree_widths``:
+    the ``m`` of the tree certificates; ``top_k``: how many of the target's largest
+    probabilities are kept per step; ``vocab``: the models' vocabulary size (checked).
+    """
+
+    def __init__(self, criteria: Sequence[str | Criterion], tree_widths: Sequence[int], *, vocab: int,
+                 top_k: int = DEFAULT_TOP) -> None:
+        self.criteria: list[Criterion] = parse_criteria(list(criteria)) if criteria else []
+        self.specs = [str(c) for c in self.criteria]
+        if len(set(self.specs)) != len(self.specs):
+            raise ValueError(f"duplicate criteria: {self.specs}")
+        for c in self.criteria:
+            c.check_vocab(vocab)
+        self.widths = [check_tree_width(m, vocab) for m in tree_widths]
+        if len(set(self.widths)) != len(self.widths):
+            raise ValueError(f"duplicate tree widths: {self.widths}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not 10 <= top_k <= vocab:
+            raise ValueError(f"top_k must be an integer in [10, V={vocab}], got {top_k!r} (top10_mass needs 10)")
+        self.vocab = vocab
+        self.top_k = top_k
+        self._ws = Workspace()
+        # One summary serves the stored top-k, the thresholds and the margins.
+        self.k_summary = min(vocab, max([top_k, 2] + [c.top_needed() for c in self.criteria]))
+
+    # ------------------------------------------------------------------------------------------
+    def target(self, logits_p: Tensor, token: Tensor | None = None) -> dict[str, Tensor]:
+        """Target-only columns for logits ``[N, V]`` (plus the summary under ``"_summary"``).
+
+        ``token``: the greedy tokens if the caller already has them (``argmax`` of these logits).
+        """
+        if logits_p.dim() != 2 or logits_p.shape[1] != self.vocab:
+            raise ValueError(f"target logits must have shape [N, {self.vocab}], got {tuple(logits_p.shape)}")
+        s = summarize(logits_p, from_logits=True, k=self.k_summary, with_entropy=True)
+        values, idx = s.values, s.indices
+        out: dict[str, Tensor] = {}
+        out["token"] = logits_p.argmax(-1) if token is None else token  # id-based: the first maximal index
+        out["p_top1"] = values[:, 0]
+        out["margin"] = values[:, 0] - values[:, 1]
+        out["entropy"] = s.entropy
+        out["top10_mass"] = values[:, :10].sum(1)
+        top2 = logits_p.gather(1, idx[:, :2])
+        out["top2_tie"] = top2[:, 0] == top2[:, 1]
+        out["top_probs"] = values[:, : self.top_k]
+        out["top_ids"] = idx[:, : self.top_k]
+        certs = certificates(logits_p, self.criteria, ("forward", "reverse"), tree_widths=self.widths, from_logits=True)
+        for spec in self.specs:
+            out[f"cert_fwd[{spec}]"] = certs[(spec, "forward")]
+            out[f"cert_rev[{spec}]"] = certs[(spec, "reverse")]
+        for m in self.widths:
+            out[f"tree_cert_fwd[{m}]"] = certs[(f"tree:{m}", "forward")]
+            out[f"tree_cert_rev[{m}]"] = certs[(f"tree:{m}", "reverse")]
+        out["_summary"] = s  # type: ignore[assignment]
+        return out
+
+    def drafter(self, logits_p: Tensor, logits_q: Tensor, target_cols: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Drafter columns, given the target's columns of the same rows (from :meth:`target`)."""
+        if logits_q.shape != logits_p.shape:
+            raise ValueError(f"drafter logits {tuple(logits_q.shape)} and target logits {tuple(logits_p.shape)} differ in shape")
+        s = target_cols["_summary"]
+        out: dict[str, Tensor] = {}
+        kl_fwd, kl_rev, tv = divergences(logits_p, logits_q, self._ws)
+        out["kl_fwd"], out["kl_rev"], out["tv"] = kl_fwd, kl_rev, tv
+
+        g = target_cols["token"]
+        d = logits_q.argmax(-1)
+        out["draft_token"] = d
+        lp_d = logits_p.gather(1, d.unsqueeze(1))
+        # Competition rank on the logits: the same order as the probabilities, ties share the best rank.
+        out["draft_rank"] = (logits_p > lp_d).sum(1) + 1
+        lq_g = logits_q.gather(1, g.unsqueeze(1))
+        n_rivals = (logits_q >= lq_g).sum(1) - 1  # tokens other than g that tie or beat it under q
+        out["token_rank_in_draft"] = n_rivals + 1
+
+        p_d = self._prob_of(logits_p, s, d)
+        out["draft_p"] = p_d
+        for c, spec in zip(self.criteria, self.specs):
+            tau = c.threshold_from_summary(s)
+            out[f"accepted[{spec}]"] = c.accept_from(p_d, tau)
+            out[f"certified_fwd[{spec}]"] = kl_fwd < target_cols[f"cert_fwd[{spec}]"]
+            out[f"certified_rev[{spec}]"] = kl_rev < target_cols[f"cert_rev[{spec}]"]
+        for m in self.widths:
+            out[f"covered[{m}]"] = n_rivals < m
+            out[f"tree_certified_fwd[{m}]"] = kl_fwd < target_cols[f"tree_cert_fwd[{m}]"]
+            out[f"tree_certified_rev[{m}]"] = kl_rev < target_cols[f"tree_cert_rev[{m}]"]
+        return out
+
+    def __call__(self, logits_p: Tensor, logits_q: Tensor | None = None, *, token: Tensor | None = None) -> dict[str, Tensor]:
+        """All columns for a block of steps (drafter columns only when ``logits_q`` is given)."""
+        out = self.target(logits_p, token)
+        if logits_q is not None:
+            out.update(self.drafter(logits_p, logits_q, out))
+        del out["_summary"]
+        return out
+
+    @staticmethod
+    def _prob_of(logits_p: Tensor, s, tok: Tensor) -> Tensor:
+        """``p_tok`` (float64) normalised exactly as the summary: the summary's own value when ``tok``
+        is among its top-K (so ties compare equal bit for bit), else ``p(1) exp(l_tok - l_1)``."""
+        hit = s.indices == tok.unsqueeze(1)
+        found = hit.any(1)
+        pos = hit.to(torch.int8).argmax(1, keepdim=True)
+        from_summary = s.values.gather(1, pos).squeeze(1)
+        l_tok = logits_p.gather(1, tok.unsqueeze(1)).squeeze(1).to(torch.float64)
+        l_top = logits_p.gather(1, s.indices[:, :1]).squeeze(1).to(torch.float64)
+        ratio = s.values[:, 0] * torch.exp(l_tok - l_top)
+        return torch.where(found, from_summary, ratio)
+
+
+class Workspace:
+    """Reusable device buffers: fresh ``[N, V]`` float64 tensors every step cost page faults on the CPU."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, Tensor] = {}
+
+    def get(self, name: str, like: Tensor, dtype: torch.dtype) -> Tensor:
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != like.shape or buf.dtype != dtype or buf.device != like.device:
+            buf = torch.empty(like.shape, dtype=dtype, device=like.device)
+            self._bufs[name] = buf
+        return buf
+
+
+def divergences(logits_p: Tensor, logits_q: Tensor, workspace: Workspace | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(KL(p||q), KL(q||p), TV(p, q))`` of softmax rows ``[N, V]``, float64 ``[N]`` each.
+
+    Everything in float64 with the normalisers computed in float64 (an error of 1e-7 in a
+    float32 log-sum-exp would shift every KL by about as much, which is the size of the
+    certificates of near-tied steps). Five ``[N, V]`` float64 buffers, reused across calls,
+    and no other temporaries of that size. Rows with ``-inf`` logits (masked tokens) are redone
+    with those logits clamped to the most negative float32, which leaves ``p`` unchanged
+    (``exp`` underflows to 0) and turns ``0 * log 0`` into ``0 * finite``; a KL that is infinite
+    in exact arithmetic then comes out above 1e30 and is reported as ``+inf``. NaN or ``+inf``
+    logits raise ``ValueError``.
+    """
+    ws = workspace if workspace is not None else Workspace()
+    kl_fwd, kl_rev, tv = _divergences(logits_p, logits_q, ws, clamp=False)
+    bad = ~(torch.isfinite(kl_fwd) & torch.isfinite(kl_rev) & torch.isfinite(tv))
+    if bool(bad.any()):
+        idx = torch.nonzero(bad).squeeze(1)
+        sub_p, sub_q = logits_p.index_select(0, idx), logits_q.index_select(0, idx)
+        for what, rows in (("target", sub_p), ("drafter", sub_q)):
+            if bool((torch.isnan(rows) | torch.isposinf(rows)).any()):
+                raise ValueError(f"{what} logits contain NaN or +inf")
+        f, r, t = _divergences(sub_p, sub_q, Workspace(), clamp=True)
+        kl_fwd, kl_rev, tv = kl_fwd.index_copy(0, idx, f), kl_rev.index_copy(0, idx, r), tv.index_copy(0, idx, t)
+    inf = torch.full_like(kl_fwd, torch.inf)
+    kl_fwd = torch.where(kl_fwd > 1e30, inf, kl_fwd.clamp(min=0.0))
+    kl_rev = torch.where(kl_rev > 1e30, inf, kl_rev.clamp(min=0.0))
+    return kl_fwd, kl_rev, tv
+
+
+def _divergences(logits_p: Tensor, logits_q: Tensor, ws: Workspace, clamp: bool) -> tuple[Tensor, Tensor, Tensor]:
+    logp, p = _log_softmax64(logits_p, ws.get("x_p", logits_p, torch.float64), ws.get("e_p", logits_p, torch.float64), clamp)
+    logq, q = _log_softmax64(logits_q, ws.get("x_q", logits_q, torch.float64), ws.get("e_q", logits_q, torch.float64), clamp)
+    tmp = ws.get("tmp", logits_p, torch.float64)
+    logp.sub_(logq)  # log(p/q), in place
+    kl_fwd = torch.mul(p, logp, out=tmp).sum(1)
+    kl_rev = -torch.mul(q, logp, out=tmp).sum(1)
+    tv = 0.5 * p.sub_(q).abs_().sum(1)
+    return kl_fwd, kl_rev, tv
+
+
+def _log_softmax64(logits: Tensor, x: Tensor, p: Tensor, clamp: bool) -> tuple[Tensor, Tensor]:
+    """``(log p, p)`` in float64 for rows of logits, written into the buffers ``x`` and ``p``."""
+    x.copy_(logits)
+    if clamp:
+        x.clamp_(min=-_FLOAT32_MAX)
+    top = x.amax(1, keepdim=True)
+    torch.sub(x, top, out=p)
+    p.exp_()
+    total = p.sum(1, keepdim=True)
+    p.div_(total)
+    x.sub_(top + torch.log(total))
+    return x, p

@@ -1,0 +1,304 @@
+"""Files of a harvest: Parquet shards, the JSON manifest, and reading them back.
+
+Layout of an output directory::
+
+    manifest.json                           configuration, provenance, timings, shard list
+    shards/shard-00000.rank0.parquet        one shard = one fixed group of prompts, all their steps
+    shards/shard-00001.rank1.parquet        (the rank of the process that wrote it is in the name)
+    parts/rank1.json                        per-process run records, merged into the manifest at the end
+
+Every file is written to a temporary name in the same folder, flushed to disk and renamed into
+place (``os.replace`` is atomic on POSIX), so a shard or manifest either exists whole or not at
+all: an interrupted harvest loses at most the shards in progress, and a rerun recomputes
+exactly those. Each shard's Parquet metadata carries the harvest's configuration digest, the
+shard index and its prompt ids, so foreign or stale shards are detected instead of mixed in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT = "companion-harvest/1"
+MANIFEST = "manifest.json"
+SHARD_DIR = "shards"
+PARTS_DIR = "parts"
+META_KEY = b"companion.harvest"
+_SHARD_RE = re.compile(r"shard-(\d{5,})\.rank(\d+)\.parquet")
+
+
+class HarvestConfigError(ValueError):
+    """The output directory holds a harvest made with a different configuration."""
+
+
+# -------------------------------------------------------------------------------------------------
+# Provenance
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the interpreter and of every package that shapes the numbers."""
+    out = {"python": platform.python_version()}
+    for name in ("companion", "torch", "transformers", "tokenizers", "accelerate", "safetensors", "numpy", "pyarrow"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+
+
+def model_identity(model: Any) -> dict[str, Any]:
+    """What identifies a model's weights: its hub commit, else sha256 of its weight files, else of its tensors.
+
+    ``name`` is ``config._name_or_path``. A model loaded from the hub has ``config._commit_hash``
+    (``revision``); a model loaded from a local folder gets the sha256 of each weight file
+    there; a model built in memory gets the sha256 of its state dict (names, dtypes, shapes,
+    bytes, in name order). ``config_sha256`` covers the architecture (the config as JSON).
+    """
+    cfg = model.config
+    name = getattr(cfg, "_name_or_path", "") or getattr(model, "name_or_path", "") or ""
+    ident: dict[str, Any] = {
+        "name": str(name),
+        "class": type(model).__name__,
+        "config_sha256": hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest(),
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+    }
+    commit = getattr(cfg, "_commit_hash", None)
+    folder = Path(str(name)) if name else None
+    if commit:
+        ident["revision"] = str(commit)
+    elif folder is not None and folder.is_dir() and any(folder.glob(p) for p in _WEIGHT_PATTERNS):
+        files = sorted({f for p in _WEIGHT_PATTERNS for f in folder.glob(p)})
+        ident["weights_sha256"] = {f.name: _sha256_file(f) for f in files}
+    else:
+        import torch
+
+        h = hashlib.sha256()
+        seen: dict[tuple[int, int], str] = {}
+        for key, tensor in sorted(model.state_dict().items()):
+            t = tensor.detach().cpu().contiguous()
+            h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+            where = (t.untyped_storage().data_ptr(), t.storage_offset())
+            if where in seen:  # tied weights: hash the bytes once, name the alias
+                h.update(f"={seen[where]};".encode())
+                continue
+            seen[where] = key
+            h.update(memoryview(t.view(-1).view(torch.uint8).numpy()))
+        ident["state_dict_sha256"] = h.hexdigest()
+    return ident
+
+
+def tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+    """sha256 of the tokenizer's full definition (fast tokenizers) or of its vocabulary."""
+    ident: dict[str, Any] = {"name": str(getattr(tokenizer, "name_or_path", "")), "size": len(tokenizer)}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        ident["sha256"] = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    else:
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        ident["sha256"] = hashlib.sha256(json.dumps(vocab).encode()).hexdigest()
+    return ident
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a configuration."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable list of the keys whose values differ (recursively)."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.extend(config_differences(a, b, name + "."))
+        elif a != b:
+            diffs.append(f"{name}: existing {json.dumps(a)}, now {json.dumps(b)}")
+    return diffs
+
+
+# -------------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder, fsync and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp{tag}-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode())
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a harvest directory (``FileNotFoundError`` if there is none)."""
+    path = Path(out_dir) / MANIFEST
+    with open(path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a companion harvest manifest (format {manifest.get('format')!r})")
+    return manifest
+
+
+# -------------------------------------------------------------------------------------------------
+# Shards
+
+
+def shard_name(index: int, rank: int) -> str:
+    return f"shard-{index:05d}.rank{rank}.parquet"
+
+
+def write_shard(out_dir: Path, index: int, rank: int, table: pa.Table, meta: dict[str, Any]) -> Path:
+    """Write one shard atomically (zstd Parquet) with ``meta`` in its schema metadata."""
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    folder = out_dir / SHARD_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / shard_name(index, rank)
+    tmp = folder / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def shard_meta(path: Path) -> dict[str, Any]:
+    """The companion metadata of a shard file (reads only the footer)."""
+    md = pq.read_schema(path).metadata or {}
+    if META_KEY not in md:
+        raise ValueError(f"{path} is not a companion harvest shard")
+    return json.loads(md[META_KEY])
+
+
+def existing_shards(out_dir: Path) -> dict[int, Path]:
+    """Complete shard files by index. Two files for one index (two runs disagreeing) is an error."""
+    found: dict[int, Path] = {}
+    folder = out_dir / SHARD_DIR
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        m = _SHARD_RE.fullmatch(path.name)
+        if not m:
+            continue
+        index = int(m.group(1))
+        if index in found:
+            raise ValueError(f"two files for shard {index} in {folder}: {found[index].name} and {path.name}")
+        found[index] = path
+    return found
+
+
+def remove_stale_temporaries(out_dir: Path, rank: int, world: int) -> list[Path]:
+    """Delete temporary shard files left by killed processes of this rank (rank 0: also of ranks >= world)."""
+    removed = []
+    folder = out_dir / SHARD_DIR
+    if not folder.is_dir():
+        return removed
+    pattern = re.compile(r"\.shard-\d+\.rank(\d+)\.parquet\.tmp-\d+")
+    for path in folder.iterdir():
+        m = pattern.fullmatch(path.name)
+        if m and (int(m.group(1)) == rank or (rank == 0 and int(m.group(1)) >= world)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+# -------------------------------------------------------------------------------------------------
+# Reading traces back
+
+
+def load_traces(out_dir: str | os.PathLike[str], columns: Sequence[str] | None = None, *,
+                allow_incomplete: bool = False) -> pa.Table:
+    """All steps of a harvest as one ``pyarrow.Table`` (shards in index order, prompts in shard order).
+
+    ``columns`` selects columns (``None``: all). A harvest whose manifest is not ``complete``
+    raises ``ValueError`` unless ``allow_incomplete``, which reads the shards present. Use
+    ``table.to_pandas()`` if pandas is installed (it is not a dependency), or ``table.column(name)``
+    / ``.to_numpy()`` without it. Rows of one prompt are contiguous and ordered by ``step``.
+    """
+    out = Path(out_dir)
+    manifest = read_manifest(out)
+    if manifest.get("status") != "complete" and not allow_incomplete:
+        raise ValueError(f"harvest in {out} is not complete (status {manifest.get('status')!r}); "
+                         "rerun the same command to finish it, or pass allow_incomplete=True")
+    digest = manifest["config_digest"]
+    paths = existing_shards(out) if allow_incomplete else {s["index"]: out / s["file"] for s in manifest["shards"]}
+    tables = []
+    schema = None
+    for index in sorted(paths):
+        meta = shard_meta(paths[index])
+        if meta["config_digest"] != digest:
+            raise ValueError(f"{paths[index]} belongs to another harvest configuration")
+        t = pq.read_table(paths[index], columns=list(columns) if columns is not None else None)
+        schema = schema or t.schema.remove_metadata()
+        tables.append(t.replace_schema_metadata(None))
+    if not tables:
+        from companion.harvest.schema import arrow_schema
+
+        full = arrow_schema(manifest["config"]["criteria"], manifest["config"]["tree_widths"],
+                            manifest["config"]["drafter"] is not None, manifest["config"]["top_k"])
+        if columns is not None:
+            full = pa.schema([full.field(c) for c in columns])
+        return full.empty_table()
+    return pa.concat_tables(tables)
+
+
+def iso_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def environment_record(device: Any, world: int) -> dict[str, Any]:
+    """Versions, platform, device name: recorded, and partly compared on resume (see ``harvest``)."""
+    import torch
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    return {
+        "versions": package_versions(),
+        "platform": platform.platform(),
+        "argv": list(sys.argv),
+        "device": str(dev),
+        "device_name": name,
+        "world_size": world,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def summarize_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Shard records for the manifest, from the shards' own metadata."""
+    return [shard_meta(p) | {"file": f"{SHARD_DIR}/{p.name}"} for p in paths]

@@ -1,0 +1,561 @@
+"""Trace harvesting: statistics against the engine, decoding, files, resume, processes, presets, real shapes.
+
+Models are random Qwen3s built here (``companion.harvest.toy``): a target with varied, peaked
+distributions and a drafter that is its noisy copy, with a byte-level tokenizer. Nothing is
+downloaded and the embedded pair is not needed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from companion.certificates import certificates, kl_divergence
+from companion.criteria import PAPER_CRITERIA, parse_criterion
+from companion.harvest import (
+    SCHEMA,
+    HarvestConfigError,
+    StepStatistics,
+    arrow_schema,
+    column_names,
+    harvest,
+    load_traces,
+    read_manifest,
+    schema_markdown,
+)
+from companion.harvest import presets as pr
+from companion.harvest import store
+from companion.harvest.decode import decode_batch
+from companion.harvest.toy import byte_tokenizer, save_pair, toy_pair
+from companion.models import load_pair
+from companion.prompts import Prompt, dumps_prompts
+from companion.stochastic import total_variation
+from companion.summary import summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+WIDTHS = (1, 2, 4, 8)
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "import os\nimport sys\n\nprint(sys.argv)\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n",
+    "hello",
+    "for i in range(10):\n    total += i * i\n",
+    "# comment\nx = {'a': 1, 'b': [1, 2, 3]}\n",
+    "while True:\n    break\n",
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # CPU float reductions depend on the thread count: subprocesses run with 1 thread, so do we.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return toy_pair(vocab=512, hidden=64, layers=2)
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    target, drafter, tok = toy_pair(vocab=512, hidden=64, layers=2)
+    paths = save_pair(root, target, drafter, tok)
+    prompts = [Prompt(f"p{i:02d}", TEXTS[i % len(TEXTS)] * (1 + i % 3), -1, "test") for i in range(10)]
+    paths["prompts"] = root / "prompts.jsonl"
+    paths["prompts"].write_text(dumps_prompts(prompts), encoding="utf-8")
+    return paths
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _cli(pair_dir, out, *extra: str) -> list[str]:
+    return [PY, "-m", "companion", "harvest", "--out", str(out), "--target", str(pair_dir["target"]),
+            "--drafter", str(pair_dir["drafter"]), "--prompts", str(pair_dir["prompts"]), "--threads", "1",
+            "--no-progress", *extra]
+
+
+def _list_column(table: pa.Table, name: str) -> np.ndarray:
+    """A fixed-size list column as a 2-D array."""
+    arr = table.column(name).combine_chunks()
+    return np.asarray(arr.flatten()).reshape(len(arr), arr.type.list_size)
+
+
+def _assert_tables_equal(a: pa.Table, b: pa.Table) -> None:
+    assert a.schema.remove_metadata() == b.schema.remove_metadata()
+    assert a.num_rows == b.num_rows
+    for name in a.column_names:
+        assert a.column(name).equals(b.column(name)), name
+
+
+# -------------------------------------------------------------------------------------------------
+# Schema
+
+
+def test_schema_table_and_names() -> None:
+    md = schema_markdown()
+    assert md.count("\n") == len(SCHEMA) + 2
+    assert "`cert_fwd[{spec}]`" in md and "`cert_fwd[additive:0.3]`" in md and "`covered[4]`" in md
+    names = column_names(["greedy", "additive:0.3"], [1, 4], drafter=True)
+    for expected in ("prompt_id", "step", "cert_fwd[additive:0.3]", "cert_rev[greedy]", "accepted[additive:0.3]",
+                     "certified_fwd[additive:0.3]", "tree_cert_fwd[4]", "covered[4]", "tree_certified_fwd[1]"):
+        assert expected in names
+    target_only = column_names(["greedy"], [1], drafter=False)
+    assert "kl_fwd" not in target_only and "covered[1]" not in target_only and "cert_fwd[greedy]" in target_only
+    schema = arrow_schema(["greedy"], [1, 2], True, 64)
+    assert schema.field("top_probs").type == pa.list_(pa.float64(), 64)
+    assert schema.names == column_names(["greedy"], [1, 2], True)
+
+
+# -------------------------------------------------------------------------------------------------
+# Statistics against the engine, from full logits
+
+
+def _logit_rows(v: int, seed: int = 0) -> torch.Tensor:
+    """Peaked, flat and tied rows, plus one with masked (-inf) tokens."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(v, generator=g) * s for s in (0.3, 1.0, 3.0, 8.0, 15.0)]
+    tie = torch.randn(v, generator=g) * 4.0
+    i, j = torch.topk(tie, 2).indices
+    tie[j] = tie[i]
+    rows.append(tie)
+    masked = torch.randn(v, generator=g) * 5.0
+    masked[::3] = -torch.inf
+    rows.append(masked)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("v", [97, 3000])
+def test_step_statistics_match_engine(v: int) -> None:
+    lp = _logit_rows(v, 0)
+    lq = lp.clone()
+    noise = torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    for r, s in enumerate((0.0, 0.05, 0.5, 2.0, 0.3, 0.01, 0.2)):
+        lq[r] = lp[r] + s * noise[r]
+    lq[-1] = torch.where(torch.isinf(lp[-1]), lp[-1], lq[-1])
+    stats = StepStatistics(PAPER_CRITERIA, WIDTHS, vocab=v, top_k=16)
+    cols = stats(lp, lq)
+    assert set(cols) == set(column_names(stats.specs, WIDTHS, True)) - {"prompt_id", "prompt_index", "prompt_tokens", "step"}
+
+    ref = certificates(lp, PAPER_CRITERIA, ("forward", "reverse"), tree_widths=WIDTHS, from_logits=True)
+    for spec in stats.specs:
+        torch.testing.assert_close(cols[f"cert_fwd[{spec}]"], ref[(spec, "forward")], rtol=0, atol=0)
+        torch.testing.assert_close(cols[f"cert_rev[{spec}]"], ref[(spec, "reverse")], rtol=0, atol=0)
+    for m in WIDTHS:
+        torch.testing.assert_close(cols[f"tree_cert_fwd[{m}]"], ref[(f"tree:{m}", "forward")], rtol=0, atol=0)
+
+    s = summarize(lp, from_logits=True, k=16, with_entropy=True)
+    torch.testing.assert_close(cols["top_probs"], s.values)
+    torch.testing.assert_close(cols["entropy"], s.entropy)
+    probs = torch.softmax(lp.double(), -1)
+    sorted_p = probs.sort(-1, descending=True).values
+    torch.testing.assert_close(cols["p_top1"], sorted_p[:, 0], rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(cols["margin"], sorted_p[:, 0] - sorted_p[:, 1], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(cols["top10_mass"], sorted_p[:, :10].sum(1), rtol=1e-6, atol=1e-12)
+    assert cols["top2_tie"].tolist() == [False] * 5 + [True, False]
+    assert torch.equal(cols["token"], lp.argmax(-1))
+
+    # KL and TV: float64 throughout, so they match an all-float64 reference to rounding, and the
+    # engine's functions (float32 normalisers) to their own accuracy.
+    lp64, lq64 = torch.log_softmax(lp.double(), -1), torch.log_softmax(lq.double(), -1)
+    finite = torch.isfinite(lp64)
+    ref_fwd = torch.where(finite, lp64.exp() * (lp64 - lq64), 0.0).sum(-1)
+    ref_rev = torch.where(finite, lq64.exp() * (lq64 - lp64), 0.0).sum(-1)
+    torch.testing.assert_close(cols["kl_fwd"], ref_fwd.clamp(min=0), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(cols["kl_rev"], ref_rev.clamp(min=0), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(cols["tv"], 0.5 * (lp64.exp() - lq64.exp()).abs().sum(-1), rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(cols["kl_fwd"], kl_divergence(lp, lq, "forward", from_logits=True), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(cols["kl_rev"], kl_divergence(lp, lq, "reverse", from_logits=True), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(cols["tv"], total_variation(lp, lq, from_logits=True), rtol=1e-4, atol=1e-7)
+    assert cols["kl_fwd"][0] == 0 and cols["tv"][0] < 1e-15  # identical rows
+
+    d = lq.argmax(-1)
+    assert torch.equal(cols["draft_token"], d)
+    for spec in stats.specs:
+        c = parse_criterion(spec)
+        assert torch.equal(cols[f"accepted[{spec}]"], c.accepts(lp, d, from_logits=True)), spec
+        # Soundness, row by row: certified implies accepted.
+        assert not bool((cols[f"certified_fwd[{spec}]"] & ~cols[f"accepted[{spec}]"]).any()), spec
+        assert not bool((cols[f"certified_rev[{spec}]"] & ~cols[f"accepted[{spec}]"]).any()), spec
+    g = lp.argmax(-1)
+    for r in range(lp.shape[0]):
+        assert int(cols["draft_rank"][r]) == 1 + int((lp[r] > lp[r, d[r]]).sum())
+        rivals = int((lq[r] >= lq[r, g[r]]).sum()) - 1
+        assert int(cols["token_rank_in_draft"][r]) == rivals + 1
+        for m in WIDTHS:
+            assert bool(cols[f"covered[{m}]"][r]) == (rivals < m)
+            if cols[f"tree_certified_fwd[{m}]"][r]:
+                assert cols[f"covered[{m}]"][r]
+    # The identical row is certified for every criterion that rejects something.
+    assert all(bool(cols[f"certified_fwd[{s}]"][0]) for s in stats.specs if torch.isfinite(ref[(s, "forward")][0]))
+
+
+def test_step_statistics_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="top_k"):
+        StepStatistics(["greedy"], [1], vocab=100, top_k=5)
+    with pytest.raises(ValueError, match="tree width"):
+        StepStatistics(["greedy"], [100], vocab=100)
+    with pytest.raises(ValueError, match="malformed"):
+        StepStatistics(["gready"], [1], vocab=100)
+    stats = StepStatistics(["greedy"], [1], vocab=50, top_k=10)
+    bad = torch.randn(2, 50)
+    bad[1, 3] = torch.nan
+    with pytest.raises(ValueError, match="NaN"):
+        stats(bad, torch.randn(2, 50))
+
+
+# -------------------------------------------------------------------------------------------------
+# Decoding and a whole harvest in process
+
+
+def test_greedy_decoding_matches_generate(pair) -> None:
+    target, drafter, tok = pair
+    ids = [tok(t)["input_ids"] for t in TEXTS[:3]]
+    res = decode_batch(target, None, ids, 12, None, chunk_steps=1, pad_id=tok.pad_token_id, stop_at_eos=False)
+    for b, one in enumerate(ids):
+        gen = target.generate(torch.tensor([one]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                              pad_token_id=tok.pad_token_id)
+        # Batched (left-padded) and unbatched decoding agree token for token on these prompts.
+        assert res.columns["token"][b].tolist() == gen[0, len(one):].tolist()
+
+
+def test_harvest_end_to_end(pair, tmp_path) -> None:
+    target, drafter, tok = pair
+    seen = []
+
+    def hook(prompts, first, lp, lq, cols):
+        if len(seen) < 3:
+            seen.append((prompts, first, lp.clone(), lq.clone(), {k: v.clone() for k, v in cols.items()}))
+
+    manifest = harvest(target, drafter, tok, TEXTS, tmp_path / "h", n_steps=20, batch_size=3, chunk_steps=4,
+                       progress=False, hook=hook, stop_at_eos=False)
+    table = load_traces(tmp_path / "h")
+    assert manifest["status"] == "complete" and table.num_rows == len(TEXTS) * 20
+    assert manifest["totals"]["rows"] == table.num_rows and manifest["totals"]["prompts"] == len(TEXTS)
+    assert table.schema.names == manifest["schema"]
+    cfg = manifest["config"]
+    assert cfg["criteria"] == list(PAPER_CRITERIA) and cfg["tree_widths"] == list(WIDTHS)
+    assert cfg["dtype"] == "float32" and cfg["device_type"] == "cpu" and "state_dict_sha256" in cfg["target"]
+    for key in ("torch", "transformers", "pyarrow", "accelerate"):
+        assert key in manifest["environment"]["versions"]
+    assert manifest["runs"][0]["steps_per_s"] > 0
+
+    # Rows of one prompt are contiguous, steps 0..19, prompt ids as given.
+    pid = np.asarray(table.column("prompt_index"))
+    step = np.asarray(table.column("step"))
+    for i in range(len(TEXTS)):
+        assert step[pid == i].tolist() == list(range(20))
+    assert set(table.column("prompt_id").to_pylist()) == {f"prompt-{i:05d}" for i in range(len(TEXTS))}
+
+    # Certificates in the traces equal the engine's, recomputed from the very logits of those steps.
+    for prompts, first, lp, lq, cols in seen:
+        flat = lp.reshape(-1, lp.shape[-1])
+        ref = certificates(flat, PAPER_CRITERIA, ("forward", "reverse"), tree_widths=WIDTHS, from_logits=True)
+        s_len = lp.shape[1]
+        for b, prompt in enumerate(prompts):
+            rows = table.filter(pa.compute.equal(table.column("prompt_index"), prompt))
+            for j in range(s_len):
+                row = rows.slice(first + j, 1).to_pylist()[0]
+                for spec in PAPER_CRITERIA:
+                    assert row[f"cert_fwd[{spec}]"] == float(ref[(spec, "forward")][b * s_len + j])
+                    assert row[f"cert_rev[{spec}]"] == float(ref[(spec, "reverse")][b * s_len + j])
+                assert row["kl_fwd"] == pytest.approx(
+                    float(kl_divergence(lp[b, j], lq[b, j], "forward", from_logits=True)), rel=1e-6, abs=1e-9)
+
+    # Soundness on every step: certified implies accepted, tree-certified implies covered.
+    for spec in PAPER_CRITERIA:
+        for d in ("fwd", "rev"):
+            cert = np.asarray(table.column(f"certified_{d}[{spec}]"))
+            assert not np.any(cert & ~np.asarray(table.column(f"accepted[{spec}]"))), (spec, d)
+    for m in WIDTHS:
+        assert not np.any(np.asarray(table.column(f"tree_certified_fwd[{m}]")) & ~np.asarray(table.column(f"covered[{m}]")))
+    # The run is not degenerate: some certified, some accepted-but-uncertified, some rejected.
+    acc = np.asarray(table.column("accepted[greedy]"))
+    cert = np.asarray(table.column("certified_fwd[greedy]"))
+    assert cert.any() and (acc & ~cert).any() and (~acc).any()
+
+    # The drafter, fed block by block, sees what a full teacher-forced forward sees.
+    first_prompt = table.filter(pa.compute.equal(table.column("prompt_index"), 0))
+    seq = tok(TEXTS[0])["input_ids"] + first_prompt.column("token").to_pylist()
+    with torch.no_grad():
+        full_p = target(torch.tensor([seq])).logits[0, len(seq) - 21:-1]
+        full_q = drafter(torch.tensor([seq])).logits[0, len(seq) - 21:-1]
+    kl_full = kl_divergence(full_p, full_q, "forward", from_logits=True).numpy()
+    np.testing.assert_allclose(np.asarray(first_prompt.column("kl_fwd")), kl_full, rtol=1e-3, atol=1e-6)
+
+
+def test_stop_at_eos_and_drafterless(pair, tmp_path) -> None:
+    target, _, tok = pair
+    free = harvest(target, None, tok, TEXTS[:4], tmp_path / "free", n_steps=10, batch_size=4, progress=False,
+                   stop_at_eos=False)
+    t_free = load_traces(tmp_path / "free")
+    assert "kl_fwd" not in t_free.column_names and free["config"]["drafter"] is None
+    tokens = np.asarray(t_free.column("token")).reshape(4, 10)
+    eos = int(tokens[0, 3])  # pretend the 4th token of prompt 0 is an end of sequence
+    harvest(target, None, tok, TEXTS[:4], tmp_path / "eos", n_steps=10, batch_size=4, progress=False,
+            eos_token_ids=[eos])
+    t_eos = load_traces(tmp_path / "eos")
+    for i in range(4):
+        hits = np.nonzero(tokens[i] == eos)[0]
+        expected = int(hits[0]) + 1 if hits.size else 10
+        rows = np.asarray(t_eos.column("prompt_index")) == i
+        assert rows.sum() == expected
+        # Recorded steps are the same numbers as without the stop.
+        np.testing.assert_array_equal(np.asarray(t_eos.column("cert_fwd[greedy]"))[rows],
+                                      np.asarray(t_free.column("cert_fwd[greedy]"))[np.asarray(t_free.column("prompt_index")) == i][:expected])
+
+
+def test_bf16_ties_are_counted(pair, tmp_path) -> None:
+    target, drafter, tok = pair
+    t16, d16 = target.to(torch.bfloat16), drafter.to(torch.bfloat16)
+    try:
+        manifest = harvest(t16, d16, tok, TEXTS, tmp_path / "bf16", n_steps=24, batch_size=4, progress=False,
+                           stop_at_eos=False, criteria=["greedy", "additive:0.3"], tree_widths=[1, 2])
+    finally:
+        target.float(), drafter.float()
+    table = load_traces(tmp_path / "bf16")
+    ties = np.asarray(table.column("top2_tie"))
+    assert manifest["config"]["dtype"] == "bfloat16"
+    assert manifest["totals"]["top2_tie_steps"] == int(ties.sum()) > 0
+    # On a tie the margin is 0; strict greedy accepts both maximisers (p_y >= p(1)), so its
+    # certificate is the cost of lifting the third token, not 0.
+    top = _list_column(table, "top_probs")
+    assert np.all(np.asarray(table.column("margin"))[ties] == 0) and np.all(top[ties, 0] == top[ties, 1])
+    assert np.all(np.asarray(table.column("cert_fwd[greedy]"))[ties] > 0)
+    assert np.all(np.asarray(table.column("margin"))[~ties] > 0)
+    cert = np.asarray(table.column("certified_fwd[greedy]"))
+    assert not np.any(cert & ~np.asarray(table.column("accepted[greedy]")))
+
+
+def test_bad_inputs_and_refusals(pair, tmp_path) -> None:
+    target, drafter, tok = pair
+    with pytest.raises(ValueError, match="no tokens"):
+        harvest(target, drafter, tok, [""], tmp_path / "a", n_steps=2, progress=False)
+    with pytest.raises(ValueError, match="positions"):
+        harvest(target, drafter, tok, ["x" * 600], tmp_path / "b", n_steps=2, progress=False)
+    with pytest.raises(ValueError, match="duplicate prompt_id"):
+        harvest(target, drafter, tok, [Prompt("a", "x", 1, "t"), Prompt("a", "y", 1, "t")], tmp_path / "c", progress=False)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    with pytest.raises(HarvestConfigError, match="not empty"):
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "d", n_steps=2, progress=False)
+    assert not (tmp_path / "a").exists() or not (tmp_path / "a" / "manifest.json").exists()
+
+    harvest(target, drafter, tok, TEXTS[:2], tmp_path / "e", n_steps=3, progress=False)
+    before = (tmp_path / "e" / "manifest.json").read_bytes()
+    with pytest.raises(HarvestConfigError, match="n_steps: existing 3, now 4"):
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "e", n_steps=4, progress=False)
+    with pytest.raises(HarvestConfigError, match="criteria"):
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "e", n_steps=3, criteria=["greedy"], progress=False)
+    assert (tmp_path / "e" / "manifest.json").read_bytes() == before
+    # The same configuration again: nothing to do, nothing changes in the rows.
+    again = harvest(target, drafter, tok, TEXTS[:2], tmp_path / "e", n_steps=3, progress=False)
+    assert again["status"] == "complete" and len(again["runs"]) == 1
+
+
+# -------------------------------------------------------------------------------------------------
+# Interruption and resume (a real process, killed)
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(pair_dir, tmp_path) -> None:
+    out = tmp_path / "killed"
+    args = _cli(pair_dir, out, "--steps", "48", "--batch-size", "1", "--prompts-per-shard", "1")
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    shard_dir = out / "shards"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if shard_dir.is_dir() and any(p.suffix == ".parquet" for p in shard_dir.iterdir()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the harvest ended before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = sorted(p.name for p in shard_dir.iterdir() if p.suffix == ".parquet")
+    assert 1 <= len(written) < 10
+    assert read_manifest(out)["status"] == "running"
+    with pytest.raises(ValueError, match="not complete"):
+        load_traces(out)
+    partial = load_traces(out, allow_incomplete=True)
+    assert partial.num_rows == 48 * len(written)
+
+    done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    manifest = read_manifest(out)
+    assert manifest["status"] == "complete" and manifest["totals"]["shards"] == 10
+    assert not list(shard_dir.glob(".*tmp*"))
+
+    # Reference: the same harvest in this process, uninterrupted.
+    target, drafter, tok = load_pair(pair_dir["target"], pair_dir["drafter"], device="cpu")
+    from companion.prompts import load_prompts
+
+    ref = harvest(target, drafter, tok, load_prompts(pair_dir["prompts"]), tmp_path / "whole", n_steps=48,
+                  batch_size=1, prompts_per_shard=1, progress=False)
+    assert ref["config_digest"] == manifest["config_digest"]
+    _assert_tables_equal(load_traces(out), load_traces(tmp_path / "whole"))
+
+
+# -------------------------------------------------------------------------------------------------
+# Several processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_equal_one(pair_dir, tmp_path) -> None:
+    single = tmp_path / "single"
+    r = subprocess.run(_cli(pair_dir, single, "--steps", "12", "--batch-size", "2"), env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    multi = tmp_path / "multi"
+    accelerate = [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+                  "-m", "companion"] + _cli(pair_dir, multi, "--steps", "12", "--batch-size", "2")[3:]
+    r = subprocess.run(accelerate, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    manifest = read_manifest(multi)
+    assert manifest["status"] == "complete" and manifest["runs"][-1]["world_size"] == 2
+    assert {p["rank"] for p in manifest["runs"][-1]["ranks"]} == {0, 1}
+    names = sorted(p.name for p in (multi / "shards").iterdir())
+    assert any(".rank1." in n for n in names) and any(".rank0." in n for n in names)
+    assert not (multi / "parts").exists()
+    assert manifest["config_digest"] == read_manifest(single)["config_digest"]
+    _assert_tables_equal(load_traces(multi), load_traces(single))
+
+
+# -------------------------------------------------------------------------------------------------
+# Presets and prompts
+
+
+def _chat_tokenizer():
+    tok = byte_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    return tok
+
+
+def test_ultrachat_selection(tmp_path) -> None:
+    rows = [{"prompt_id": f"id{i}", "prompt": "word " * (i % 30), "messages": []} for i in range(200)]
+    rows.append(dict(rows[5]))  # a duplicate prompt_id is skipped
+    path = tmp_path / "uc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = _chat_tokenizer()
+    chosen = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
+    assert len(chosen) == 20 and len({p.prompt_id for p in chosen}) == 20
+    assert all(p.n_tokens >= 64 and p.text.endswith("<think>\n\n</think>\n\n") for p in chosen)
+    assert all(p.text.startswith("<|im_start|>user\n") for p in chosen)
+    # Seeded hash order: deterministic, different for another seed, independent of row order.
+    again = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
+    assert [p.prompt_id for p in again] == [p.prompt_id for p in chosen]
+    reversed_rows = pr.select_ultrachat_prompts(
+        [pr._row(r, i) for i, r in enumerate(reversed(rows))], tok, n=20, min_tokens=64, seed=0)
+    assert [p.prompt_id for p in reversed_rows] == [p.prompt_id for p in chosen]
+    other = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=1)
+    assert [p.prompt_id for p in other] != [p.prompt_id for p in chosen]
+    thinking = pr.chat_prompt(tok, "hi", enable_thinking=True)
+    assert "<think>" not in thinking
+    # The same rows as a Parquet file (the dataset's own format).
+    pq.write_table(pa.Table.from_pylist([{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in rows[:200]]),
+                   tmp_path / "train_sft-00000-of-00001.parquet")
+    from_parquet = pr.select_ultrachat_prompts(pr.ultrachat_rows(tmp_path), tok, n=20, min_tokens=64, seed=0)
+    assert [p.prompt_id for p in from_parquet] == [p.prompt_id for p in chosen]
+    with pytest.raises(ValueError, match="only"):
+        pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=500, min_tokens=64)
+
+
+def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
+    for name, target in (("paper-qwen3-1.7b", "Qwen/Qwen3-1.7B"), ("paper-qwen3-4b", "Qwen/Qwen3-4B")):
+        p = pr.get_preset(name)
+        assert (p.target, p.drafter, p.n_prompts, p.min_prompt_tokens, p.n_steps) == (target, "Qwen/Qwen3-0.6B", 500, 64, 128)
+        assert p.criteria == PAPER_CRITERIA and p.enable_thinking is False and p.seed == 0
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(pr.PromptsUnavailableError, match="pip install datasets"):
+        next(pr.ultrachat_rows(None))
+    import companion.tiny_pair as tp
+
+    monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="companion retrain"):
+        pr.check_default_assets()
+    with pytest.raises(ValueError, match="unknown harvest preset"):
+        pr.get_preset("paper-qwen3-8b")
+
+
+def test_cli_reports_errors_without_traceback(pair_dir, tmp_path) -> None:
+    r = subprocess.run(_cli(pair_dir, tmp_path / "x", "--steps", "2", "--criteria", "additive:-1"), env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "companion harvest:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+# -------------------------------------------------------------------------------------------------
+# The real Qwen3 shapes (random weights, two layers)
+
+
+def test_qwen3_shapes_are_the_real_ones() -> None:
+    from companion.harvest.shapes import QWEN3_SHAPES, qwen3_config
+
+    expected = {  # hidden, intermediate, layers, query heads
+        "Qwen3-0.6B": (1024, 3072, 28, 16), "Qwen3-1.7B": (2048, 6144, 28, 16), "Qwen3-4B": (2560, 9728, 36, 32)}
+    for name, (h, i, n, q) in expected.items():
+        c = qwen3_config(name)
+        assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads) == (h, i, n, q)
+        assert (c.vocab_size, c.num_key_value_heads, c.head_dim, c.tie_word_embeddings) == (151_936, 8, 128, True)
+        assert QWEN3_SHAPES[name]["max_position_embeddings"] == 40_960
+    assert qwen3_config("Qwen3-4B", 2).num_hidden_layers == 2
+
+
+@pytest.mark.slow
+def test_harvest_at_real_qwen3_shapes(tmp_path) -> None:
+    """Qwen3-1.7B- and Qwen3-4B-shaped targets (one layer each) with a Qwen3-0.6B-shaped drafter, V = 151,936.
+
+    Random weights give nearly flat distributions over the full vocabulary: the certificate
+    engine's deep-boundary paths run on every step, at the real size.
+    """
+    from companion.harvest.shapes import random_qwen3
+
+    drafter = random_qwen3("Qwen3-0.6B", 1, seed=1)
+    tok = byte_tokenizer()
+    for shape in ("Qwen3-1.7B", "Qwen3-4B"):
+        target = random_qwen3(shape, 1, seed=0)
+        seen = []
+        manifest = harvest(target, drafter, tok, TEXTS[:2], tmp_path / shape, n_steps=3, batch_size=2, chunk_steps=3,
+                           progress=False, hook=lambda *a: seen.append((a[2].clone(), a[4])))
+        del target
+        table = load_traces(tmp_path / shape)
+        assert table.num_rows == 6 and manifest["status"] == "complete"
+        assert manifest["config"]["target"]["parameters"] > 389_000_000 if shape == "Qwen3-4B" else True
+        lp, cols = seen[0]
+        assert lp.shape == (2, 3, 151_936)
+        ref = certificates(lp.reshape(-1, 151_936), PAPER_CRITERIA, ("forward", "reverse"), tree_widths=WIDTHS,
+                           from_logits=True)
+        for spec in PAPER_CRITERIA:
+            torch.testing.assert_close(cols[f"cert_fwd[{spec}]"], ref[(spec, "forward")], rtol=0, atol=0)
+            torch.testing.assert_close(cols[f"cert_rev[{spec}]"], ref[(spec, "reverse")], rtol=0, atol=0)
+            assert not np.any(np.asarray(table.column(f"certified_fwd[{spec}]"))
+                              & ~np.asarray(table.column(f"accepted[{spec}]")))
+        ids = _list_column(table, "top_ids")
+        assert ids.shape == (6, 64) and np.all(ids < 151_936) and np.all(ids >= 0)
