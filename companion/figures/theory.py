@@ -509,7 +509,7 @@ def stochastic_contrast(
         ln.set_gid(f"path:{idx}")
         ax_b.plot(kl_t.numpy(), pinsker_lower_bound(kl_t).numpy(), color=color, lw=0.8)
         (st,) = ax_b.step(kl_t.numpy(), ok.numpy(), where="post", color=color, lw=1.2, ls="--",
-                          label=lab + ": greedy accepts (0/1)")
+                          label=lab + f": {c} accepts (0/1)")
         st.set_gid(f"greedy:{idx}")
         ax_b.axvline(float(certificate(pt, c)), color=color, ls=":", lw=1.2)
     ax_b.set_xscale("log")
