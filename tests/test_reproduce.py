@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import nbformat
@@ -179,12 +180,22 @@ def test_record_round_trips_and_writes_atomically(tmp_path: Path) -> None:
 
 FIGURE_CELL = (
     "import matplotlib.pyplot as plt\nfrom companion.figures import save_figure\n"
-    "fig, ax = plt.subplots()\nax.plot([0, 1], [seed, n_points])\nsave_figure(fig, 'ok_line')\nprint(device, seed)"
+    "fig, ax = plt.subplots()\nax.plot([0, 1], [seed, n_points])\nsave_figure(fig, 'ok_line')\nprint(device, seed)\n"
+    "import sys\nprint('interpreter', sys.executable)"
 )
 
 
 @pytest.mark.book
-def test_reproduce_executes_records_and_builds(make_project) -> None:
+def test_reproduce_executes_records_and_builds(make_project, monkeypatch, tmp_path: Path) -> None:
+    # A user-level "python3" kernel pointing elsewhere must not be used.
+    bogus = tmp_path / "jupyter-data" / "kernels" / "python3"
+    bogus.mkdir(parents=True)
+    (bogus / "kernel.json").write_text(json.dumps(
+        {"argv": ["/nonexistent/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+         "display_name": "elsewhere", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "jupyter-data"))
+    monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "0")   # so that the user's kernel would win
+    monkeypatch.setenv("MPLBACKEND", "Agg")       # must not stop figures from being embedded
     root = make_project("01_ok", "02_not_written")
     source = write_notebook(root / "notebooks" / "01_ok.ipynb", "device = 'auto'\nseed = 0\nn_points = 3",
                             FIGURE_CELL)
@@ -197,6 +208,9 @@ def test_reproduce_executes_records_and_builds(make_project) -> None:
     executed = nbformat.read(layout.executed / "01_ok.ipynb", as_version=4)
     outputs = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "cpu 7" in outputs                      # profile device + -p override reached the kernel
+    assert f"interpreter {sys.executable}" in outputs   # the kernel runs this venv's Python
+    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+               for c in executed.cells for o in c.get("outputs", [])), "figure not embedded inline"
     assert sorted(p.name for p in layout.figures.iterdir()) == ["ok_line.pdf", "ok_line.png"]
     run = load_record(layout.record).chapters["01_ok"]
     assert run.parameters == {"device": "cpu", "seed": 7} and run.figures == ["ok_line"]
