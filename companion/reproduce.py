@@ -36,8 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 from companion.figures import FIGURES_ENV
 from companion.status import ChapterRun, RunRecord, load_record, render_status_markdown, save_record
 
@@ -50,6 +48,16 @@ DEVICES = ("cpu", "cuda", "auto")
 
 class ReproduceError(Exception):
     """A problem the user can fix: bad input, a failed notebook, a failed book build."""
+
+
+def _yaml() -> Any:
+    """PyYAML, imported on use: `companion` loads this module for its command list, and the
+    library itself must import without the book's dependencies (requirements.txt)."""
+    try:
+        import yaml
+    except ImportError:
+        raise ReproduceError("PyYAML is missing: install the book's dependencies (pip install -r requirements.txt)") from None
+    return yaml
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,6 +156,7 @@ def toc_files(toc: dict[str, Any]) -> list[str]:
 
 def read_toc(root: Path) -> dict[str, Any]:
     path = root / "_toc.yml"
+    yaml = _yaml()
     try:
         toc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -211,6 +220,7 @@ def load_profile(root: Path, name: str) -> Profile:
     if not path.is_file():
         known = ", ".join(available_profiles(root)) or "none"
         raise ReproduceError(f"unknown profile {name!r} (no {path}); available: {known}")
+    yaml = _yaml()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
@@ -230,6 +240,7 @@ def load_profile(root: Path, name: str) -> Profile:
 
 def parse_value(text: str) -> Any:
     """A ``-p NAME VALUE`` value: YAML scalars (``8``, ``0.3``, ``true``, ``[1, 2]``), else the text."""
+    yaml = _yaml()
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
@@ -640,7 +651,7 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         else:
             missing.append(chapter)
     toc = _filter_toc(read_toc(root), {c.toc_file for c in staged})
-    (stage / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
+    (stage / "_toc.yml").write_text(_yaml().safe_dump(toc, sort_keys=False), encoding="utf-8")
 
     figures = []
     (stage / "figures").mkdir()
