@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,18 @@ def test_seed_reaches_the_weights_but_not_the_tokenizer(tmp_path: Path, two_buil
     assert m1["files_sha256"]["drafter/model.safetensors"] != m0["files_sha256"]["drafter/model.safetensors"]
 
 
+def test_reused_target_gives_the_same_build(tmp_path: Path, two_builds: tuple[Path, Path]) -> None:
+    a = two_builds[0]
+    m = train_mod.build_pair(shrunk_config(), tmp_path / "r", progress=False, log=lambda *_: None,
+                             reuse_target=a).manifest
+    assert m["files_sha256"] == json.loads((a / "manifest.json").read_text())["files_sha256"]
+    assert m["training"]["target"]["reused"] is True
+    with pytest.raises(ValueError, match="cannot reuse the target.*target_stage"):
+        train_mod.build_pair(apply_overrides(shrunk_config(), {"target_stage.lr": "0.02"}), tmp_path / "x",
+                             progress=False, log=lambda *_: None, reuse_target=a)
+    assert not (tmp_path / "x").exists()
+
+
 def test_manifest_records_everything(two_builds: tuple[Path, Path]) -> None:
     a = two_builds[0]
     m = json.loads((a / "manifest.json").read_text())
@@ -148,8 +161,10 @@ def test_manifest_records_everything(two_builds: tuple[Path, Path]) -> None:
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["dtype"] == "float16"
 
 
-def test_pair_report_cli_on_shrunk_build(two_builds: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    a = two_builds[0]
+def test_pair_report_cli_on_shrunk_build(two_builds: tuple[Path, Path], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    a = tmp_path / "pair"
+    shutil.copytree(two_builds[0], a)  # this test corrupts a file: keep the shared build intact
     assert cli_main(["pair-report", "--pair", str(a), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fresh"]["files_ok"] is True

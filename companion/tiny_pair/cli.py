@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,12 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides["seed"] = str(args.seed)
     cfg = apply_overrides(cfg, overrides)
-    result = build_pair(cfg, args.out, progress=not args.no_progress, reuse_target=args.reuse_target)
+    # SIGTERM (e.g. a job runner's timeout) becomes SystemExit, so the staging folder is cleaned up.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        result = build_pair(cfg, args.out, progress=not args.no_progress, reuse_target=args.reuse_target)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"wrote {result.out_dir}")
     print(format_report(result.manifest, None))
     ref_path: Path = args.compare_to
@@ -71,6 +77,10 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         else:
             print(f"identical to {ref_path}: every file's sha256 matches")
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _split_kv(s: str) -> tuple[str, str]:
