@@ -12,7 +12,8 @@ token, ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}``, ``gamma = p(1) - p(2)``
   and ``Delta^2/(2s) <= rho* <= Delta^2/s`` (Pinsker below, chi-square above).
 * Margin only: ``rho* >= phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m(1-gamma) log(1-gamma)]/(m+1)``
   for a width-``m`` greedy tree (``m = 1``: strict greedy), attained when all mass sits on
-  ``g`` and ``m`` competitors at ``p(1) - gamma``; leading term ``m gamma^2 / 2``.
+  ``g`` and ``m`` competitors at ``p(1) - gamma``; leading term ``m gamma^2 / 2`` (a lower bound
+  on ``phi_1`` only: for ``m >= 2`` the cubic term is negative, so ``phi_m < m gamma^2 / 2`` near 0).
 * Floors: additive ``delta`` gives ``rho* >= delta^2 / 2`` on every target, multiplicative
   ``alpha`` gives ``rho* >= (1-alpha)^2 p(1) / (2 (1+alpha))``; width-``m`` trees give
   ``rho*_tree >= Delta_m^2 / 2`` with ``Delta_m = p(1) - p(m+1)``, and ``rho*_tree -> log(m+1)``.
@@ -24,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from companion.certificates import _accepted_count
+from companion.certificates import _accepted_count, xlogx_minus_x_plus_1
 from companion.criteria import Criterion, parse_criterion
 from companion.summary import summarize
 from companion.validation import check_divergence, check_tree_width
@@ -43,8 +44,9 @@ def pair_cost(a: Tensor, b: Tensor, divergence: str = "forward") -> Tensor:
     check_divergence(divergence)
     a, b = _as_tensor(a), _as_tensor(b)
     if divergence == "forward":
+        # sum_i L g(p_i / L) with g(x) = x log x - x + 1: no cancellation near a tie.
         mean = (a + b) / 2
-        return torch.xlogy(a, a / mean) + torch.xlogy(b, b / mean)
+        return mean * (xlogx_minus_x_plus_1(a / mean) + xlogx_minus_x_plus_1(b / mean))
     return -torch.log1p(-((a.sqrt() - b.sqrt()) ** 2))
 
 
@@ -91,7 +93,9 @@ def margin_only_bound(gamma: float | Tensor, m: int = 1) -> Tensor:
     """``phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m (1-gamma) log(1-gamma)] / (m+1)``.
 
     The tight lower bound on the width-``m`` tree certificate (``m = 1``: strict greedy) given
-    only the top-2 margin ``gamma = p(1) - p(2)`` in ``[0, 1]``; ``phi_m(gamma) >= m gamma^2 / 2``.
+    only the top-2 margin ``gamma = p(1) - p(2)`` in ``[0, 1]``. Its leading term is
+    ``m gamma^2 / 2``; ``phi_1(gamma) >= gamma^2 / 2`` holds everywhere, but for ``m >= 2`` the
+    ``gamma^3`` coefficient ``-m(m-1)/6`` is negative and ``phi_m`` dips below ``m gamma^2 / 2``.
     """
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be an integer >= 1, got {m!r}")
@@ -102,7 +106,7 @@ def margin_only_bound(gamma: float | Tensor, m: int = 1) -> Tensor:
 
 
 def margin_only_leading_term(gamma: float | Tensor, m: int = 1) -> Tensor:
-    """Leading term ``m gamma^2 / 2`` of :func:`margin_only_bound` as ``gamma -> 0``."""
+    """Leading term ``m gamma^2 / 2`` of :func:`margin_only_bound` as ``gamma -> 0`` (a bound only for ``m = 1``)."""
     return m * _as_tensor(gamma) ** 2 / 2
 
 

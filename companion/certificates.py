@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from companion.criteria import Criterion, parse_criteria, parse_criterion
-from companion.summary import DEFAULT_TOP, TopSummary, normalized_probabilities, sorted_rows, summarize
+from companion.summary import DEFAULT_TOP, TopSummary, entropy_of_rows, normalized_probabilities, sorted_rows, summarize
 from companion.validation import check_divergence, check_token, check_tree_width
 
 _SERIES_CUTOFF = 1e-2
@@ -158,11 +158,34 @@ def tree_cost(values: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor]:
     return cost, j_star
 
 
-def _take_rows(flat: Tensor, idx: Tensor) -> Tensor:
-    """``flat[idx]`` without the copy when ``idx`` is every row (copies of [256, 151936] are not free)."""
-    if idx.numel() == flat.shape[0]:
-        return flat
-    return flat.index_select(0, idx)
+class _RowSubsets:
+    """Per-row functions on subsets of a flat ``[N, V]`` batch, copying rows as little as possible.
+
+    Copying a row costs about one pass over it, the functions used here two or three. So a
+    subset that is most of the batch is computed in place on every row, and the last subset
+    copied is kept: the entropy pass and the deep-boundary pass of typical acceptance select
+    nearly the same (flat) rows and share one copy.
+    """
+
+    def __init__(self, flat: Tensor) -> None:
+        self.flat = flat
+        self.idx: Tensor | None = None
+        self.rows: Tensor | None = None
+
+    def apply(self, fn, idx: Tensor, *row_args: Tensor) -> Tensor:
+        """``fn(flat[idx], *(a[idx] for a in row_args))`` for a per-row ``fn`` returning ``[n]``."""
+        n = self.flat.shape[0]
+        if 4 * idx.numel() >= 3 * n:
+            return fn(self.flat, *row_args).index_select(0, idx)
+        if self.idx is not None and 4 * idx.numel() >= 3 * self.idx.numel():
+            position = torch.full((n,), -1, dtype=torch.long, device=idx.device)
+            position[self.idx] = torch.arange(self.idx.numel(), device=idx.device)
+            local = position[idx]
+            if bool((local >= 0).all()):
+                out = fn(self.rows, *(a.index_select(0, self.idx) for a in row_args))
+                return out.index_select(0, local)
+        self.idx, self.rows = idx, self.flat.index_select(0, idx)
+        return fn(self.rows, *(a.index_select(0, idx) for a in row_args))
 
 
 def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
@@ -188,7 +211,7 @@ def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criter
     return torch.where(best < 0, best, best / sums)
 
 
-def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
+def _entropy_where_needed(rows: _RowSubsets, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
     """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters.
 
     ``tau = min(eps, delta e^{-H})`` equals ``eps`` whenever ``H <= log(delta/eps)``. From the top
@@ -208,7 +231,7 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
     if not bool(need.any()):
         return upper
     idx = torch.nonzero(need).squeeze(1)
-    exact = summarize(_take_rows(flat, idx), from_logits=from_logits, k=1, with_entropy=True).entropy
+    exact = rows.apply(lambda x, norm: entropy_of_rows(x, norm, from_logits), idx, s.norm)
     return upper.index_copy(0, idx, exact)
 
 
@@ -237,8 +260,9 @@ def certificates(
     k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
     s = summarize(p, from_logits=from_logits, k=k)
     flat = p.reshape(-1, vocab)
+    rows = _RowSubsets(flat)
     if any(c.needs_entropy for c in crits):
-        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits))
+        s = replace(s, entropy=_entropy_where_needed(rows, s, crits, from_logits))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s)
@@ -251,8 +275,7 @@ def certificates(
         n_above = r
         if bool(deep.any()):
             idx = torch.nonzero(deep).squeeze(1)
-            rows = _take_rows(flat, idx)
-            best = _deepest_rejected(rows, _row_normalisers(rows, from_logits), tau.index_select(0, idx), c, from_logits)
+            best = rows.apply(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), idx, s.norm, tau)
             p_y = p_y.index_copy(0, idx, best.clamp(min=0))
             empty = empty.index_copy(0, idx, best < 0)
             # Unknown count beyond K: let the scan run over all K values.
@@ -261,7 +284,7 @@ def certificates(
             cost, _, incomplete = level_set_cost(s.values, p_y, n_above, div)
             incomplete &= ~empty
             if bool(incomplete.any()):
-                cost = _redo_from_sort(flat, from_logits, incomplete, tau, c, div, cost)
+                cost = _redo_from_sort(flat, s.norm, from_logits, incomplete, tau, c, div, cost)
             cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
             out[(str(c), div)] = cost.reshape(s.lead_shape)
     for m in widths:
@@ -271,16 +294,8 @@ def certificates(
     return out
 
 
-def _row_normalisers(rows: Tensor, from_logits: bool) -> Tensor:
-    """Row sums (probabilities) or log-sum-exps (logits), float64, as ``summarize`` used them."""
-    if from_logits:
-        work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
-        return torch.logsumexp(work, dim=-1).to(torch.float64)
-    return rows.sum(-1, dtype=torch.float32 if rows.dtype != torch.float64 else torch.float64).to(torch.float64)
-
-
 def _redo_from_sort(
-    flat: Tensor, from_logits: bool, rows: Tensor, tau: Tensor, c: Criterion, div: str, cost: Tensor
+    flat: Tensor, norm: Tensor, from_logits: bool, rows: Tensor, tau: Tensor, c: Criterion, div: str, cost: Tensor
 ) -> Tensor:
     """Exact costs for rows whose pooled set reaches beyond the top-K summary.
 
@@ -292,7 +307,8 @@ def _redo_from_sort(
     k = DEFAULT_TOP
     while idx.numel():
         k = min(vocab, 8 * k)
-        sub = summarize(_take_rows(flat, idx), from_logits=from_logits, k=k)
+        sub_norm = norm.index_select(0, idx)
+        sub = summarize(flat.index_select(0, idx), from_logits=from_logits, k=k, norm=sub_norm)
         sub_tau = tau.index_select(0, idx)
         r = _accepted_count(sub.values, sub_tau, c)
         p_y = sub.values.gather(1, r.clamp(max=k - 1).unsqueeze(1)).squeeze(1)
@@ -301,8 +317,8 @@ def _redo_from_sort(
         if bool(deep.any()):
             # y* lies beyond the wider summary too: find it by one masked pass.
             didx = torch.nonzero(deep).squeeze(1)
-            rows_d = _take_rows(flat, idx.index_select(0, didx))
-            best = _deepest_rejected(rows_d, _row_normalisers(rows_d, from_logits), sub_tau.index_select(0, didx), c, from_logits)
+            best = _RowSubsets(flat).apply(lambda x, nrm, t: _deepest_rejected(x, nrm, t, c, from_logits),
+                                           idx.index_select(0, didx), norm, tau)
             p_y = p_y.index_copy(0, didx, best.clamp(min=0))
             n_above = n_above.index_copy(0, didx, torch.full_like(didx, vocab))
         redone, _, still = level_set_cost(sub.values, p_y, n_above, div)

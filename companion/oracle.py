@@ -66,8 +66,10 @@ def _solve(p: np.ndarray, divergence: str, pairs: list[tuple[int, int]], restart
     for row, (hi, lo) in enumerate(pairs):
         a[row, hi], a[row, lo] = 1.0, -1.0
     constraints = [{"type": "ineq", "fun": lambda t: a @ t, "jac": lambda t: a}]
+    # Starts: uniform q, q = p itself (feasible or not), then perturbations of p. Tiny entries
+    # of p sit at theta ~ log p far from 0, which SLSQP reaches slowly from the uniform start.
     base = np.log(np.clip(p, 1e-300, None))
-    starts = [np.zeros(v)] + [base + rng.normal(scale=1.0, size=v) for _ in range(max(restarts - 1, 0))]
+    starts = [np.zeros(v), base] + [base + rng.normal(scale=1.0, size=v) for _ in range(max(restarts - 2, 0))]
     best = math.inf
     for theta0 in starts:
         res = minimize(fun, theta0, jac=True, method="SLSQP", constraints=constraints,

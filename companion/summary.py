@@ -5,7 +5,13 @@ Every criterion's threshold depends on the target only through a few order stati
 depends only on the tokens at or above the boundary of the rejection region. So instead of
 sorting 151,936 probabilities we take the top ``K`` of each row once (``torch.topk``), lift
 those few values to float64, and reuse them for all criteria. Rows whose boundary lies
-beyond ``K`` are rare and are recomputed from a full sort (see ``certificates``).
+beyond ``K`` are rare and are handled separately (see ``certificates``).
+
+The normaliser matters more than it seems: the reverse certificate of a peaked row is
+``-log((1 - P_A) + |A| G_A)`` and ``1 - P_A`` is the tail mass, say 1e-5. A float32 sum of the
+row carries an absolute error ~1e-7 and would spoil it, a float64 sum costs more than a
+softmax. So the tail is summed on its own scale: ``sum_i min(p_i, p(K)) - K p(K)`` keeps the
+float32 partial sums as small as the tail itself, and the top ``K`` are added in float64.
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.validation import logsumexp_checked, row_sums
+from companion.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
 
 DEFAULT_TOP = 64
 
@@ -24,24 +30,33 @@ class TopSummary:
     """Normalised float64 top-``K`` probabilities of a batch of rows, flattened to ``[N, K]``.
 
     ``values[n]`` is sorted in decreasing order, ``indices[n]`` are the token ids, ``vocab`` is
-    ``V``; ``entropy`` (nats, float64) is present when requested. ``lead_shape`` restores the
-    caller's leading dimensions.
+    ``V``; ``norm`` is the float64 row sum (probabilities) or log-sum-exp (logits) the values
+    were normalised by; ``entropy`` (nats, float64) is present when requested. ``lead_shape``
+    restores the caller's leading dimensions.
     """
 
     values: Tensor
     indices: Tensor
     vocab: int
     lead_shape: torch.Size
+    norm: Tensor
     entropy: Tensor | None = None
 
     @property
     def k(self) -> int:
         return self.values.shape[-1]
 
-    @property
-    def complete(self) -> bool:
-        """True when the summary holds the whole sorted distribution (``K == V``)."""
-        return self.k == self.vocab
+
+def _tail_sum(x: Tensor, kth: Tensor, k: int) -> Tensor:
+    """``sum_i x_i`` over all but the ``k`` largest, as ``sum_i min(x_i, x(k)) - k x(k)`` (float64).
+
+    Entries tied with ``x(k)`` beyond the top ``k`` contribute ``x(k)`` either way, so this is
+    exact in real arithmetic; in float32 the partial sums stay at the scale of the tail.
+    NaN entries propagate into the result.
+    """
+    clamped = torch.clamp(x, max=kth.unsqueeze(-1).to(x.dtype))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return clamped.sum(-1, dtype=acc).to(torch.float64) - k * kth.to(torch.float64)
 
 
 def summarize(
@@ -50,57 +65,78 @@ def summarize(
     from_logits: bool = False,
     k: int = DEFAULT_TOP,
     with_entropy: bool = False,
+    norm: Tensor | None = None,
     what: str = "p",
 ) -> TopSummary:
     """Validate ``p`` (probabilities, or logits with ``from_logits=True``) and summarise it.
 
-    Probabilities: ``values = topk(p) / sum(p)`` in float64.
-    Logits ``l``: ``values = exp(topk(l) - logsumexp(l))`` computed in float64 from the logits,
-    so near-ties keep the precision of the logits rather than that of a float32 softmax.
+    Probabilities: ``values = topk(p) / S`` with ``S = sum(topk(p)) + tail`` in float64.
+    Logits ``l``: ``values = exp(topk(l) - lse)`` with ``lse = l(1) + log(sum_i exp(l_i - l(1)))``,
+    the sum split the same way into the top ``K`` (float64) and the tail; near-ties keep the
+    precision of the logits rather than that of a float32 softmax.
     Entropy: ``H = -sum_i p_i log p_i`` accumulated in float64.
+    ``norm`` reuses a normaliser computed earlier for the same rows (so that summaries of
+    different ``K`` agree bit for bit).
     """
-    vocab = p.shape[-1] if p.dim() >= 1 else 0
-    k = max(1, min(int(k), vocab)) if vocab else 1
+    check_distribution_tensor(p, "logits" if from_logits and what == "p" else what)
+    vocab = p.shape[-1]
+    k = max(1, min(int(k), vocab))
+    flat = p.reshape(-1, vocab)
+    # The normaliser always splits at the same K_norm, whatever k is asked for, so every
+    # function of the library normalises a row to the same float64 numbers.
+    k_norm = min(DEFAULT_TOP, vocab)
+    top, idx = torch.topk(flat, max(k, k_norm), dim=-1, largest=True, sorted=True)
     if from_logits:
-        lse = logsumexp_checked(p, what="logits" if what == "p" else what)
-        top_l, idx = torch.topk(p, k, dim=-1, largest=True, sorted=True)
-        values = torch.exp(top_l.to(torch.float64) - lse.unsqueeze(-1))
-        entropy = None
-        if with_entropy:
-            work = p if p.dtype in (torch.float32, torch.float64) else p.float()
-            logp = work - lse.to(work.dtype).unsqueeze(-1)
-            # -sum p log p with p log p := 0 where p == 0 (masked tokens have logp = -inf).
-            plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
-            entropy = -plogp.sum(-1, dtype=torch.float64)
+        name = "logits" if what == "p" else what
+        if norm is None:
+            m = top[:, 0].to(torch.float64)
+            # NaN sorts first in topk; keep it so the check reports it, and avoid inf - inf.
+            safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            head = torch.exp(top[:, :k_norm].to(torch.float64) - safe_m.unsqueeze(1)).sum(1)
+            if k_norm < vocab:
+                work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+                shifted = torch.exp(work - safe_m.unsqueeze(1).to(work.dtype))
+                kth = torch.exp(top[:, k_norm - 1].to(torch.float64) - safe_m).to(work.dtype)
+                head = head + _tail_sum(shifted, kth, k_norm)
+            norm = torch.where(torch.isfinite(m), safe_m + torch.log(head), m)
+            check_logit_rows(p, norm, what=name)
+    elif norm is None:
+        norm = top[:, :k_norm].to(torch.float64).sum(1)
+        if k_norm < vocab:
+            norm = norm + _tail_sum(flat, top[:, k_norm - 1], k_norm)
+        check_probability_rows(p, norm, what=what)
+    top, idx = top[:, :k], idx[:, :k]
+    if from_logits:
+        values = torch.exp(top.to(torch.float64) - norm.unsqueeze(1))
     else:
-        sums = row_sums(p, what=what)
-        top_p, idx = torch.topk(p, k, dim=-1, largest=True, sorted=True)
-        values = top_p.to(torch.float64) / sums.unsqueeze(-1)
-        entropy = None
-        if with_entropy:
-            work = p if p.dtype in (torch.float32, torch.float64) else p.float()
-            ent = torch.special.entr(work).sum(-1, dtype=torch.float64)
-            # H of p/s equals (H(p) + s log s) / s for an unnormalised row with sum s.
-            entropy = (ent + torch.xlogy(sums, sums)) / sums
-    lead = p.shape[:-1]
-    return TopSummary(
-        values=values.reshape(-1, k),
-        indices=idx.reshape(-1, k),
-        vocab=vocab,
-        lead_shape=lead,
-        entropy=None if entropy is None else entropy.reshape(-1),
-    )
+        values = top.to(torch.float64) / norm.unsqueeze(1)
+    entropy = entropy_of_rows(flat, norm, from_logits) if with_entropy else None
+    return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy)
+
+
+def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
+    """``H = -sum p log p`` (nats, float64) of rows ``[N, V]`` given their normalisers."""
+    work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    if from_logits:
+        logp = work - norm.to(work.dtype).unsqueeze(-1)
+        # p log p := 0 where p == 0 (masked tokens have logp = -inf).
+        plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
+        return -plogp.sum(-1).to(torch.float64)
+    # float32 pairwise accumulation: relative error ~1e-7, a float64 sum costs a softmax more.
+    ent = torch.special.entr(work).sum(-1).to(torch.float64)
+    # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
+    return ent / norm + torch.log(norm)
 
 
 def sorted_rows(p: Tensor, *, from_logits: bool = False, with_entropy: bool = False, what: str = "p") -> TopSummary:
-    """The complete summary (``K = V``): every row fully sorted. For witnesses and fallbacks."""
+    """The complete summary (``K = V``): every row fully sorted. For witnesses and references."""
     return summarize(p, from_logits=from_logits, k=p.shape[-1], with_entropy=with_entropy, what=what)
 
 
 def normalized_probabilities(p: Tensor, *, from_logits: bool = False, what: str = "p") -> Tensor:
     """Validated float64 probabilities ``p / sum(p)`` (or ``softmax(logits)``), same shape."""
+    s = summarize(p, from_logits=from_logits, k=1, what=what)
+    norm = s.norm.reshape(p.shape[:-1] + (1,))
     if from_logits:
-        lse = logsumexp_checked(p, what="logits" if what == "p" else what)
-        return torch.exp(p.to(torch.float64) - lse.unsqueeze(-1))
-    sums = row_sums(p, what=what)
-    return p.to(torch.float64) / sums.unsqueeze(-1)
+        return torch.exp(p.to(torch.float64) - norm)
+    return p.to(torch.float64) / norm

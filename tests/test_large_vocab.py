@@ -1,0 +1,135 @@
+"""Qwen3-sized vocabularies (V = 151,936): peaked, flat and tied rows, float32 and bfloat16,
+probabilities and logits, against a literal float64/mpmath implementation of the scan."""
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from scipy.special import entr
+
+from companion import certificates, parse_criterion, tree_certificate
+from companion.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
+
+V = 151_936
+SPECS = ["greedy", "additive:0.3", "multiplicative:0.1", "topm:4", "topk-delta:10,0.6", "typical:0.09,0.3",
+         "multiplicative:0.001", "typical:0.5,0.9"]
+mpmath.mp.dps = 40
+
+
+def _tau(p: np.ndarray, s: np.ndarray, c) -> float:
+    if isinstance(c, StrictGreedy):
+        return s[0]
+    if isinstance(c, AdditiveRelaxed):
+        return s[0] - c.delta
+    if isinstance(c, MultiplicativeRelaxed):
+        return c.alpha * s[0]
+    if isinstance(c, TopM):
+        return s[c.m - 1]
+    if isinstance(c, TopKDelta):
+        return max(s[c.k - 1], s[0] - c.delta)
+    if isinstance(c, Typical):
+        return min(c.eps, c.delta * math.exp(-float(entr(p).sum())))
+    raise TypeError(c)
+
+
+def reference(p: np.ndarray, spec: str, divergence: str) -> float:
+    """THEORY.md's scan, literally: sort, find y*, grow the pool from the top while the next
+    token exceeds the pool's mean (arithmetic or geometric), then evaluate in 40 digits."""
+    c = parse_criterion(spec)
+    s = np.sort(p)[::-1]
+    tau = _tau(p, s, c)
+    r = int((s > tau).sum() if c.strict else (s >= tau).sum())
+    if r == len(s):
+        return math.inf
+    pool = [mpmath.mpf(s[r])]
+    if divergence == "reverse" and s[r] == 0:
+        return math.inf
+    i = 0
+    while i < r:
+        level = (sum(pool) / len(pool) if divergence == "forward"
+                 else mpmath.exp(sum(mpmath.log(x) for x in pool) / len(pool)))
+        if s[i] > level:
+            pool.append(mpmath.mpf(s[i]))
+            i += 1
+        else:
+            break
+    if divergence == "forward":
+        level = sum(pool) / len(pool)
+        return float(sum(x * mpmath.log(x / level) for x in pool if x > 0))
+    g = mpmath.exp(sum(mpmath.log(x) for x in pool) / len(pool))
+    return float(-mpmath.log(1 - (sum(pool) - len(pool) * g)))
+
+
+def _rows(seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(6, V, generator=gen, dtype=torch.float64)
+    logits = torch.empty(6, V, dtype=torch.float64)
+    logits[0] = 2.0 * z[0]; logits[0, 17] = 30.0                # peaked: p(1) close to 1
+    logits[1] = 0.05 * z[1]                                      # flat: nearly uniform
+    logits[2] = 3.0 * z[2]                                       # lognormal body, no dominant token
+    logits[3] = 2.0 * z[3]; logits[3, 5] = logits[3, 9] = 22.0  # exact tie at the top
+    logits[4] = 2.0 * z[4]; logits[4, 1] = 20.0; logits[4, 2] = 20.0 - 1e-6  # near tie
+    logits[5] = 1.5 * z[5]; logits[5, :40] = 12.0                # 40-way tie: deep pools
+    return logits
+
+
+def _check(rows_p64: np.ndarray, ours: dict, specs=SPECS) -> None:
+    for spec in specs:
+        for div in ("forward", "reverse"):
+            got = ours[(spec, div)].numpy()
+            for i, p in enumerate(rows_p64):
+                want = reference(p, spec, div)
+                if math.isinf(want):
+                    assert math.isinf(got[i]), (spec, div, i, got[i])
+                else:
+                    assert math.isfinite(got[i]), (spec, div, i)
+                    assert abs(got[i] - want) <= 1e-6 * abs(want) + 1e-13, (spec, div, i, got[i], want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_probabilities_large_vocab(dtype: torch.dtype) -> None:
+    p = torch.softmax(_rows(), -1).to(dtype)
+    ours = certificates(p, SPECS, ("forward", "reverse"))
+    p64 = p.double()
+    p64 = (p64 / p64.sum(-1, keepdim=True)).numpy()
+    _check(p64, ours)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_large_vocab(dtype: torch.dtype) -> None:
+    logits = _rows(1).to(dtype)
+    ours = certificates(logits, SPECS, ("forward", "reverse"), from_logits=True)
+    p64 = torch.softmax(logits.double(), -1).numpy()
+    _check(p64, ours)
+    for out in ours.values():
+        assert out.dtype == torch.float64 and out.shape == (6,)
+
+
+@pytest.mark.slow
+def test_bf16_ties_are_exact() -> None:
+    """bf16 rounding creates exact ties at the top; they must give the tied certificate (0 for
+    a width-1 tree, greedy computed below the tie), never NaN."""
+    logits = _rows(2)
+    logits[:, 0] = 40.0
+    logits[:, 1] = 40.0 + 1e-3  # distinct in float64, equal after bf16 rounding
+    p = torch.softmax(logits.to(torch.bfloat16).float(), -1).to(torch.bfloat16)
+    assert bool((p[:, 0] == p[:, 1]).all())
+    tree = tree_certificate(p, 1)
+    assert torch.all(tree == 0)
+    out = certificates(p, ["greedy"], ("forward",))[("greedy", "forward")]
+    assert torch.all(torch.isfinite(out)) and torch.all(out > 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    logits = _rows(3).float()
+    cpu = certificates(logits, SPECS, ("forward", "reverse"), tree_widths=[1, 2, 4, 8], from_logits=True)
+    gpu = certificates(logits.cuda(), SPECS, ("forward", "reverse"), tree_widths=[1, 2, 4, 8], from_logits=True)
+    for key, value in cpu.items():
+        assert gpu[key].device.type == "cuda"
+        torch.testing.assert_close(gpu[key].cpu(), value, rtol=1e-6, atol=1e-12)

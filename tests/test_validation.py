@@ -1,0 +1,107 @@
+"""Bad input gets a ValueError that names the problem and the row."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from companion import certificate, certificates, kl_divergence, parse_criterion, tree_certificate, witness
+
+
+def _ok(v: int = 6, rows: int = 4) -> torch.Tensor:
+    return torch.softmax(torch.randn(rows, v, dtype=torch.float64), -1)
+
+
+@pytest.mark.parametrize("bad_value, message", [(float("nan"), "NaN or infinite"), (float("inf"), "NaN or infinite"),
+                                                (-0.1, "negative")])
+def test_bad_entries_name_the_row(bad_value: float, message: str) -> None:
+    p = _ok()
+    p[2, 3] = bad_value
+    with pytest.raises(ValueError, match=f"{message}.*row 2"):
+        certificate(p, "greedy")
+
+
+def test_rows_not_summing_to_one() -> None:
+    p = _ok(rows=3) * 1.01
+    with pytest.raises(ValueError, match=r"sum to 1.*row 0.*1\.01.*from_logits"):
+        certificate(p, "greedy")
+    # within tolerance: accepted and renormalised
+    q = _ok(rows=3) * (1 + 5e-5)
+    torch.testing.assert_close(certificate(q, "greedy"), certificate(q / q.sum(-1, keepdim=True), "greedy"))
+
+
+def test_bf16_tolerance_is_wider() -> None:
+    p = (_ok(v=50, rows=2) * 1.005).to(torch.bfloat16)
+    assert torch.isfinite(certificate(p, "greedy")).all()
+    with pytest.raises(ValueError, match="tolerance 0.0001"):
+        certificate(p.float(), "greedy")
+
+
+def test_multi_dimensional_row_index() -> None:
+    p = torch.softmax(torch.randn(2, 3, 5), -1)
+    p[1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"row \(1, 2\)"):
+        certificate(p, "additive:0.1")
+
+
+def test_logits_checks() -> None:
+    logits = torch.randn(3, 8)
+    logits[1, 4] = float("nan")
+    with pytest.raises(ValueError, match="logits has NaN entries in row 1"):
+        certificate(logits, "greedy", from_logits=True)
+    logits = torch.randn(3, 8)
+    logits[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"\+inf entries in row 0"):
+        certificate(logits, "greedy", from_logits=True)
+    logits = torch.randn(3, 8)
+    logits[2] = -float("inf")
+    with pytest.raises(ValueError, match="every entry -inf in row 2"):
+        certificate(logits, "greedy", from_logits=True)
+    # -inf (masked tokens) is fine
+    logits = torch.randn(3, 8)
+    logits[:, 5:] = -float("inf")
+    assert torch.isfinite(certificate(logits, "greedy", from_logits=True)).all()
+
+
+def test_shapes_and_types() -> None:
+    with pytest.raises(ValueError, match="scalar"):
+        certificate(torch.tensor(1.0), "greedy")
+    with pytest.raises(ValueError, match="empty"):
+        certificate(torch.empty(0, 5), "greedy")
+    with pytest.raises(ValueError, match="floating-point"):
+        certificate(torch.ones(1, 4, dtype=torch.long), "greedy")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        certificate([0.5, 0.5], "greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="same shape"):
+        kl_divergence(_ok(5), _ok(6))
+
+
+def test_parameters() -> None:
+    p = _ok(v=5)
+    with pytest.raises(ValueError, match="m=5 must be smaller than the vocabulary size V=5"):
+        tree_certificate(p, 5)
+    with pytest.raises(ValueError, match=">= 1"):
+        tree_certificate(p, 0)
+    with pytest.raises(ValueError, match="m < V"):
+        certificate(p, "topm:5")
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        certificate(p, "greedy", "kl")
+    with pytest.raises(ValueError, match="malformed criterion spec"):
+        certificates(p, ["greedy", "bogus"])
+    with pytest.raises(ValueError, match="out of range"):
+        parse_criterion("greedy").accepts(p, 7)
+    with pytest.raises(ValueError, match="integers"):
+        parse_criterion("greedy").accepts(p, torch.tensor([0.5] * 4))
+
+
+def test_empty_rejection_region_is_inf_and_witness_nan() -> None:
+    p = torch.full((4,), 0.25, dtype=torch.float64)
+    assert torch.isinf(certificate(p, "greedy"))
+    assert torch.isinf(certificate(p, "additive:0.5"))
+    assert torch.isnan(witness(p, "greedy")).all()
+
+
+def test_results_stay_on_device_and_keep_shape() -> None:
+    p = torch.softmax(torch.randn(2, 3, 40), -1)
+    out = certificates(p, ["greedy", "typical:0.09,0.3"], tree_widths=[2], from_logits=False)
+    for v in out.values():
+        assert v.shape == (2, 3) and v.dtype == torch.float64 and v.device == p.device
