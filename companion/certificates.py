@@ -46,7 +46,15 @@ import torch
 from torch import Tensor
 
 from companion.criteria import Criterion, parse_criteria, parse_criterion
-from companion.summary import DEFAULT_TOP, TopSummary, entropy_of_rows, normalized_probabilities, sorted_rows, summarize
+from companion.summary import (
+    DEFAULT_TOP,
+    TopSummary,
+    entropy_of_rows,
+    map_rows,
+    normalized_probabilities,
+    sorted_rows,
+    summarize,
+)
 from companion.validation import check_divergence, check_token, check_tree_width
 
 _SERIES_CUTOFF = 1e-2
@@ -158,36 +166,6 @@ def tree_cost(values: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor]:
     return cost, j_star
 
 
-class _RowSubsets:
-    """Per-row functions on subsets of a flat ``[N, V]`` batch, copying rows as little as possible.
-
-    Copying a row costs about one pass over it, the functions used here two or three. So a
-    subset that is most of the batch is computed in place on every row, and the last subset
-    copied is kept: the entropy pass and the deep-boundary pass of typical acceptance select
-    nearly the same (flat) rows and share one copy.
-    """
-
-    def __init__(self, flat: Tensor) -> None:
-        self.flat = flat
-        self.idx: Tensor | None = None
-        self.rows: Tensor | None = None
-
-    def apply(self, fn, idx: Tensor, *row_args: Tensor) -> Tensor:
-        """``fn(flat[idx], *(a[idx] for a in row_args))`` for a per-row ``fn`` returning ``[n]``."""
-        n = self.flat.shape[0]
-        if 4 * idx.numel() >= 3 * n:
-            return fn(self.flat, *row_args).index_select(0, idx)
-        if self.idx is not None and 4 * idx.numel() >= 3 * self.idx.numel():
-            position = torch.full((n,), -1, dtype=torch.long, device=idx.device)
-            position[self.idx] = torch.arange(self.idx.numel(), device=idx.device)
-            local = position[idx]
-            if bool((local >= 0).all()):
-                out = fn(self.rows, *(a.index_select(0, self.idx) for a in row_args))
-                return out.index_select(0, local)
-        self.idx, self.rows = idx, self.flat.index_select(0, idx)
-        return fn(self.rows, *(a.index_select(0, idx) for a in row_args))
-
-
 def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
     accepted = criterion.accept_from(values, tau.unsqueeze(1))
     return accepted.sum(1)
@@ -211,27 +189,40 @@ def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criter
     return torch.where(best < 0, best, best / sums)
 
 
-def _entropy_where_needed(rows: _RowSubsets, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
+def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
     """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters.
 
-    ``tau = min(eps, delta e^{-H})`` equals ``eps`` whenever ``H <= log(delta/eps)``. From the top
-    ``K`` we have ``H <= H_top + R log((V-K)/R)`` (tail mass ``R`` spread uniformly), so peaked rows
-    skip the pass over the vocabulary; the value stored for them is that upper bound, which yields
-    the same threshold. Not a general-purpose entropy: local to :func:`certificates`.
+    The certificate depends on ``tau = min(eps, delta e^{-H})`` only through which of the top
+    ``K`` probabilities exceed it. From the top ``K`` alone (tail mass ``R`` over ``V - K``
+    tokens, each at most ``p(K)``):
+
+        H_top + R log(1 / p(K))  <=  H  <=  H_top + R log((V - K) / R).
+
+    Where every ``H`` in that interval puts the same top-``K`` tokens above ``tau`` (and the
+    boundary inside the top ``K``), the exact entropy is not needed and the upper bound stands
+    in for it; only the other rows pay the pass over the vocabulary. The returned values are
+    therefore not general-purpose entropies: local to :func:`certificates`.
     """
     v = s.values
-    upper = -torch.xlogy(v, v).sum(1)
+    h_top = -torch.xlogy(v, v).sum(1)
     tail = (1 - v.sum(1)).clamp(min=0)
+    upper, lower = h_top, h_top
     if s.k < s.vocab:
-        upper = upper + torch.xlogy(tail, (s.vocab - s.k) / tail.clamp(min=1e-300))
+        upper = h_top + torch.xlogy(tail, (s.vocab - s.k) / tail.clamp(min=1e-300))
+        lower = h_top - torch.xlogy(tail, v[:, -1])
     need = torch.zeros_like(upper, dtype=torch.bool)
     for c in crits:
         if c.needs_entropy:
-            need |= c.delta * torch.exp(-upper) < c.eps * (1 + 1e-9)
+            # Guard the bounds by a relative 1e-9 against rounding in H_top.
+            tau_hi = c.threshold_from_summary(replace(s, entropy=lower * (1 - 1e-9)))
+            tau_lo = c.threshold_from_summary(replace(s, entropy=upper * (1 + 1e-9) + 1e-12))
+            r_hi = _accepted_count(v, tau_hi, c)
+            r_lo = _accepted_count(v, tau_lo, c)
+            need |= (r_hi != r_lo) | (r_lo >= s.k)
     if not bool(need.any()):
         return upper
     idx = torch.nonzero(need).squeeze(1)
-    exact = rows.apply(lambda x, norm: entropy_of_rows(x, norm, from_logits), idx, s.norm)
+    exact = map_rows(lambda x, norm: entropy_of_rows(x, norm, from_logits), flat, s.norm, idx=idx)
     return upper.index_copy(0, idx, exact)
 
 
@@ -260,9 +251,8 @@ def certificates(
     k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
     s = summarize(p, from_logits=from_logits, k=k)
     flat = p.reshape(-1, vocab)
-    rows = _RowSubsets(flat)
     if any(c.needs_entropy for c in crits):
-        s = replace(s, entropy=_entropy_where_needed(rows, s, crits, from_logits))
+        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s)
@@ -275,7 +265,7 @@ def certificates(
         n_above = r
         if bool(deep.any()):
             idx = torch.nonzero(deep).squeeze(1)
-            best = rows.apply(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), idx, s.norm, tau)
+            best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), flat, s.norm, tau, idx=idx)
             p_y = p_y.index_copy(0, idx, best.clamp(min=0))
             empty = empty.index_copy(0, idx, best < 0)
             # Unknown count beyond K: let the scan run over all K values.
@@ -317,8 +307,8 @@ def _redo_from_sort(
         if bool(deep.any()):
             # y* lies beyond the wider summary too: find it by one masked pass.
             didx = torch.nonzero(deep).squeeze(1)
-            best = _RowSubsets(flat).apply(lambda x, nrm, t: _deepest_rejected(x, nrm, t, c, from_logits),
-                                           idx.index_select(0, didx), norm, tau)
+            best = map_rows(lambda x, nrm, t: _deepest_rejected(x, nrm, t, c, from_logits),
+                            flat, norm, tau, idx=idx.index_select(0, didx))
             p_y = p_y.index_copy(0, didx, best.clamp(min=0))
             n_above = n_above.index_copy(0, didx, torch.full_like(didx, vocab))
         redone, _, still = level_set_cost(sub.values, p_y, n_above, div)

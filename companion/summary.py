@@ -15,6 +15,7 @@ float32 partial sums as small as the tail itself, and the top ``K`` are added in
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,9 @@ from torch import Tensor
 from companion.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
 
 DEFAULT_TOP = 64
+# Row tiles for memory-bound passes on the CPU: a full-size temporary (a [256, 151936] clamp or
+# log) costs more in fresh-page faults than the arithmetic, while a ~2 MiB tile stays in cache.
+_TILE_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,36 @@ class TopSummary:
         return self.values.shape[-1]
 
 
+def row_tiles(n_rows: int, vocab: int, itemsize: int, device: torch.device) -> Iterator[slice]:
+    """Slices of rows to process together: ~2 MiB tiles on the CPU, every row at once elsewhere.
+
+    Not a loop over rows: each tile is one vectorised operation over several rows; only the
+    size of the temporaries changes.
+    """
+    per = n_rows if device.type != "cpu" else max(1, _TILE_BYTES // max(1, vocab * itemsize))
+    for start in range(0, n_rows, per):
+        yield slice(start, min(n_rows, start + per))
+
+
+def map_rows(fn: Callable[..., Tensor], flat: Tensor, *row_args: Tensor, idx: Tensor | None = None) -> Tensor:
+    """``fn(flat[idx], *(a[idx] for a in row_args))`` for a per-row ``fn`` (rows ``[n, V]`` to ``[n]``),
+    evaluated tile by tile (see :func:`row_tiles`) so that no full-size temporary is made.
+    ``idx`` selects rows (all when ``None``); ``row_args`` are per-row tensors of the full batch."""
+    if idx is not None and idx.numel() == flat.shape[0]:
+        idx = None  # every row, in order (idx comes from nonzero): slice instead of gathering
+    n = flat.shape[0] if idx is None else idx.numel()
+    outs = []
+    for tile in row_tiles(n, flat.shape[-1], flat.element_size(), flat.device):
+        if idx is None:
+            outs.append(fn(flat[tile], *(a[tile] for a in row_args)))
+        else:
+            sel = idx[tile]
+            outs.append(fn(flat.index_select(0, sel), *(a.index_select(0, sel) for a in row_args)))
+    if not outs:
+        return torch.empty(0, dtype=torch.float64, device=flat.device)
+    return torch.cat(outs)
+
+
 def _tail_sum(x: Tensor, kth: Tensor, k: int) -> Tensor:
     """``sum_i x_i`` over all but the ``k`` largest, as ``sum_i min(x_i, x(k)) - k x(k)`` (float64).
 
@@ -57,6 +91,13 @@ def _tail_sum(x: Tensor, kth: Tensor, k: int) -> Tensor:
     clamped = torch.clamp(x, max=kth.unsqueeze(-1).to(x.dtype))
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     return clamped.sum(-1, dtype=acc).to(torch.float64) - k * kth.to(torch.float64)
+
+
+def _logit_tail_sum(rows: Tensor, m: Tensor, kth: Tensor, k: int) -> Tensor:
+    """``sum_i exp(l_i - m)`` over all but the top ``k`` logits, by :func:`_tail_sum` on ``exp(l - m)``."""
+    work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
+    shifted = torch.exp(work - m.unsqueeze(1).to(work.dtype))
+    return _tail_sum(shifted, kth.to(work.dtype), k)
 
 
 def summarize(
@@ -94,23 +135,21 @@ def summarize(
             safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
             head = torch.exp(top[:, :k_norm].to(torch.float64) - safe_m.unsqueeze(1)).sum(1)
             if k_norm < vocab:
-                work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
-                shifted = torch.exp(work - safe_m.unsqueeze(1).to(work.dtype))
-                kth = torch.exp(top[:, k_norm - 1].to(torch.float64) - safe_m).to(work.dtype)
-                head = head + _tail_sum(shifted, kth, k_norm)
+                kth = torch.exp(top[:, k_norm - 1].to(torch.float64) - safe_m)
+                head = head + map_rows(lambda rows, m_, kth_: _logit_tail_sum(rows, m_, kth_, k_norm), flat, safe_m, kth)
             norm = torch.where(torch.isfinite(m), safe_m + torch.log(head), m)
             check_logit_rows(p, norm, what=name)
     elif norm is None:
         norm = top[:, :k_norm].to(torch.float64).sum(1)
         if k_norm < vocab:
-            norm = norm + _tail_sum(flat, top[:, k_norm - 1], k_norm)
+            norm = norm + map_rows(lambda rows, kth: _tail_sum(rows, kth, k_norm), flat, top[:, k_norm - 1])
         check_probability_rows(p, norm, what=what)
     top, idx = top[:, :k], idx[:, :k]
     if from_logits:
         values = torch.exp(top.to(torch.float64) - norm.unsqueeze(1))
     else:
         values = top.to(torch.float64) / norm.unsqueeze(1)
-    entropy = entropy_of_rows(flat, norm, from_logits) if with_entropy else None
+    entropy = map_rows(lambda rows, nrm: entropy_of_rows(rows, nrm, from_logits), flat, norm) if with_entropy else None
     return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy)
 
 
