@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import write_notebook
+from tests.conftest import write_notebook
 
 pytestmark = pytest.mark.book
 

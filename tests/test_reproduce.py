@@ -16,7 +16,7 @@ from companion.reproduce import (
     plan_parameters, read_chapters, reproduce, select_chapters,
 )
 from companion.status import ChapterRun, RunRecord, load_record, render_status_markdown, save_record
-from conftest import ROOT, write_notebook
+from tests.conftest import ROOT, write_notebook
 
 PLANNED = [
     "01_criteria_level_sets", "02_exact_certificate", "03_strict_greedy", "04_relaxed_criteria",
