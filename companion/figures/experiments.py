@@ -1,0 +1,342 @@
+"""Figures of the experiment chapters (7: the paper's evaluation; 8: a real drafter).
+
+Each function takes harvested :class:`companion.analysis.Traces`, computes what it draws with
+:mod:`companion.analysis` (so a figure shows exactly the numbers the chapter quotes) and
+returns a pyplot-free :class:`matplotlib.figure.Figure`. A notebook displays it and passes it to
+:func:`companion.figures.save_figure` under the stable name in :data:`FIGURE_NAMES`. Artists
+carrying data have a ``gid`` (``"cdf:greedy"``, ``"frac:tree:4:eps=0.1"``...) so tests can
+read the plotted values back.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from companion import analysis as A
+from companion.figures.theory import criterion_color
+
+__all__ = [
+    "FIGURE_NAMES",
+    "certificate_cdf",
+    "certificate_vs_margin",
+    "run_length_vs_budget",
+    "drafter_acceptance",
+    "tightness_by_margin",
+    "kl_vs_certificate",
+    "tree_coverage",
+    "round_lengths",
+    "series_color",
+]
+
+FIGURE_NAMES: dict[str, str] = {
+    "certificate_cdf": "exp_certificate_cdf",
+    "certificate_vs_margin": "exp_certificate_vs_margin",
+    "run_length_vs_budget": "exp_run_length_vs_budget",
+    "drafter_acceptance": "exp_drafter_acceptance",
+    "tightness_by_margin": "exp_tightness_by_margin",
+    "kl_vs_certificate": "exp_kl_vs_certificate",
+    "tree_coverage": "exp_tree_coverage",
+    "round_lengths": "exp_round_lengths",
+}
+"""Stable ``save_figure`` names of the experiment figures, keyed by function name."""
+
+_TREE_COLORS = {1: "#222222", 2: "#8c564b", 3: "#bcbd22", 4: "#17becf", 5: "#7f7f7f", 6: "#e377c2", 7: "#aec7e8", 8: "#393b79"}
+_ACCEPT, _REJECT = "#4c9a2a", "#c44e52"
+_FLOOR = 1e-8  # smallest value drawn on a log axis (certificates and KL can be 0 on exact ties)
+
+
+def series_color(label: str) -> str:
+    """Colour of a criterion spec (as in the theory chapters) or of ``"tree:m"``."""
+    if label.startswith("tree:"):
+        return _TREE_COLORS.get(int(label.split(":")[1]), "#555555")
+    return criterion_color(label)
+
+
+def _series(traces: A.Traces, criteria: Sequence[str] | None, tree_widths: Sequence[int],
+            divergence: str) -> dict[str, np.ndarray]:
+    out = {c: traces.cert(c, divergence) for c in (traces.criteria if criteria is None else criteria)}
+    for m in tree_widths:
+        out[f"tree:{m}"] = traces.tree_cert(m, divergence)
+    return out
+
+
+def _style(label: str) -> dict:
+    return {"color": series_color(label), "ls": "--" if label.startswith("tree:") else "-", "lw": 1.5}
+
+
+def _pretty(label: str) -> str:
+    return f"tree m={label.split(':')[1]}" if label.startswith("tree:") else label
+
+
+def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical CDF ``F(x_(i)) = i / N`` at the sorted finite values (``+inf`` values keep ``F < 1``)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    n = v.size
+    finite = np.isfinite(v)
+    return v[finite], (np.arange(1, n + 1, dtype=np.float64) / n)[finite]
+
+
+# -- chapter 7 ----------------------------------------------------------------------------------
+
+
+def certificate_cdf(traces: A.Traces, criteria: Sequence[str] | None = None, tree_widths: Sequence[int] = (2, 4, 8),
+                    divergence: str = "forward") -> Figure:
+    """(a) Empirical CDF of ``rho*_c`` over all steps for each criterion; (b) tree certificates vs ``log(m+1)``.
+
+    A curve that stops below 1 has that share of steps at ``+inf`` (the criterion rejects nothing).
+    """
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax_c, ax_t = fig.subplots(1, 2, sharey=True)
+    series = _series(traces, criteria, tree_widths, divergence)
+    lo = _FLOOR
+    for label, values in series.items():
+        x, y = ecdf(values)
+        ax = ax_t if label.startswith("tree:") else ax_c
+        (ln,) = ax.step(np.maximum(x, lo), y, where="post", label=_pretty(label), **_style(label))
+        ln.set_gid(f"cdf:{label}")
+    if tree_widths:  # strict greedy is the width-1 tree: the reference in panel (b)
+        x, y = ecdf(traces.tree_cert(1, divergence))
+        (ln,) = ax_t.step(np.maximum(x, lo), y, where="post", label="tree m=1 (= greedy)", **_style("tree:1"))
+        ln.set_gid("cdf:tree:1")
+    for m in tree_widths:
+        vl = ax_t.axvline(math.log(m + 1), color=series_color(f"tree:{m}"), lw=0.8, ls=":")
+        vl.set_gid(f"ceiling:{m}")
+    for ax, title in ((ax_c, "(a) criteria"), (ax_t, "(b) greedy trees; dotted: ceilings log(m+1)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"certificate $\\rho^*$ (nats, KL({'p||q' if divergence == 'forward' else 'q||p'}))")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    ax_c.set_ylabel("share of steps with certificate $\\leq$ x")
+    return fig
+
+
+def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.1, 0.5), n_bins: int = 8,
+                          criteria: Sequence[str] | None = None, tree_widths: Sequence[int] = (2, 4, 8),
+                          divergence: str = "forward") -> Figure:
+    """Certificates against the target's top-2 margin, in equal-count margin bins.
+
+    (a) median certificate per bin (``+inf`` medians drawn at the top edge); (b..) the share of
+    each bin's steps certified at each KL budget (``rho* > eps``,
+    :func:`companion.analysis.certified_fraction_by_bin`).
+    """
+    margin = traces.column("margin")
+    edges = A.margin_bin_edges(margin, n_bins)
+    series = _series(traces, criteria, tree_widths, divergence)
+    curves = A.certified_fraction_by_bin(margin, series, budgets, edges)
+    bins = A.bin_index(margin, edges)
+    x = np.arange(curves.n_bins)
+    fig = Figure(figsize=(4.0 * (1 + len(budgets)), 4.2), layout="constrained")
+    axes = fig.subplots(1, 1 + len(budgets), squeeze=False).ravel()
+    ax0 = axes[0]
+    medians = {label: A.median_by_bin(v, bins, curves.n_bins) for label, v in series.items()}
+    finite_max = max([float(np.nanmax(np.where(np.isfinite(m), m, np.nan))) for m in medians.values()
+                      if np.isfinite(m).any()] + [1.0])
+    top = finite_max * 3
+    for label, med in medians.items():
+        (ln,) = ax0.plot(x, np.clip(np.where(np.isinf(med), top, med), _FLOOR, None), marker="o", ms=3,
+                         label=_pretty(label), **_style(label))
+        ln.set_gid(f"median:{label}")
+    ax0.axhline(top, color="grey", lw=0.6, ls=":")
+    ax0.text(0, top, " $+\\infty$ (rejects nothing)", va="bottom", fontsize=7, color="grey")
+    ax0.set_yscale("log")
+    ax0.set_ylabel("median certificate in bin (nats)")
+    ax0.set_title("(a) certificate vs margin", fontsize=10)
+    for ax, (e, eps) in zip(axes[1:], enumerate(curves.eps)):
+        for label, frac in curves.values.items():
+            (ln,) = ax.plot(x, frac[e], marker="o", ms=3, label=_pretty(label), **_style(label))
+            ln.set_gid(f"frac:{label}:eps={eps:g}")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_ylabel("share of bin certified")
+        ax.set_title(f"({chr(ord('b') + e)}) certified at KL budget $\\varepsilon$ = {eps:g}", fontsize=10)
+    labels = [f"{c:.2g}" for c in curves.centers]
+    for ax in axes:
+        ax.set_xticks(x, labels, rotation=45, fontsize=7)
+        ax.set_xlabel("margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GRID), criteria: Sequence[str] | None = None,
+                         tree_widths: Sequence[int] = (2, 4, 8), divergence: str = "forward") -> Figure:
+    """Mean certified run length against the per-step KL budget ``eps`` (log scale), per criterion and tree width."""
+    curves = A.run_length_curves(traces, eps, criteria, tree_widths, divergence)
+    fig = Figure(figsize=(8.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    for label, y in curves.items():
+        (ln,) = ax.plot(np.asarray(eps), y, label=_pretty(label), **_style(label))
+        ln.set_gid(f"runs:{label}")
+    # The longest possible mean run: every step certified, each run cut only by its trajectory's end.
+    cap = float(A.mean_run_length(traces, np.full(traces.n_rows, np.inf), 0.0))
+    cl = ax.axhline(cap, color="grey", lw=0.8, ls=":", label="every step certified")
+    cl.set_gid("runs:cap")
+    mean_len = float(traces.lengths.mean()) if traces.n_trajectories else 0.0
+    ax.set_xscale("log")
+    ax.set_xlabel("per-step KL budget $\\varepsilon$ (nats)")
+    ax.set_ylabel("mean certified run length (tokens)")
+    ax.set_title(f"Tokens guaranteed accepted from a random step (trajectories: mean {mean_len:.0f} steps)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+# -- chapter 8 ----------------------------------------------------------------------------------
+
+
+def drafter_acceptance(traces: A.Traces, criteria: Sequence[str] | None = None) -> Figure:
+    """Per criterion: share of steps where the drafter's token is accepted, certified (forward), certified (reverse)."""
+    rows = A.acceptance_table(traces, criteria)
+    fig = Figure(figsize=(8.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(rows))
+    width = 0.27
+    kinds = (("accepted", "accepted", 1.0, None), ("certified_fwd", "certified, KL(p||q) < $\\rho^*$", 0.75, "//"),
+             ("certified_rev", "certified, KL(q||p) < $\\rho^*_{rev}$", 0.5, ".."))
+    for i, (attr, label, alpha, hatch) in enumerate(kinds):
+        heights = [getattr(r, attr) for r in rows]
+        bars = ax.bar(x + (i - 1) * width, heights, width, label=label, alpha=alpha, hatch=hatch,
+                      color=[criterion_color(r.criterion) for r in rows], edgecolor="black", lw=0.5)
+        for r, patch in zip(rows, bars):
+            patch.set_gid(f"{attr}:{r.criterion}")
+    ax.set_xticks(x, [r.criterion for r in rows], rotation=20, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("share of steps")
+    ax.set_title("The drafter's greedy token: accepted vs certified", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="lower left")
+    return fig
+
+
+def tightness_by_margin(traces: A.Traces, n_bins: int = 8, criteria: Sequence[str] | None = None,
+                        divergence: str = "forward") -> Figure:
+    """(a) share of accepted steps that are certified, per margin bin; (b) actual acceptance per margin bin."""
+    margin = traces.column("margin")
+    edges = A.margin_bin_edges(margin, n_bins)
+    tight = A.tightness_by_bin(traces, edges, criteria, divergence)
+    bins = A.bin_index(margin, edges)
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax_t, ax_a = fig.subplots(1, 2, sharex=True)
+    x = np.arange(tight.n_bins)
+    for c in (traces.criteria if criteria is None else criteria):
+        (ln,) = ax_t.plot(x, tight.values[c], marker="o", ms=3, label=c, **_style(c))
+        ln.set_gid(f"tight:{c}")
+        acc, _ = A.fraction_by_bin(traces.column(f"accepted[{c}]"), bins, tight.n_bins)
+        (ln2,) = ax_a.plot(x, acc, marker="o", ms=3, label=c, **_style(c))
+        ln2.set_gid(f"accept:{c}")
+    ax_t.set_ylabel("certified / accepted")
+    ax_t.set_title("(a) tightness: share of acceptances the certificate explains", fontsize=10)
+    ax_a.set_ylabel("share of bin accepted")
+    ax_a.set_title("(b) actual acceptance of the drafter's token", fontsize=10)
+    for ax in (ax_t, ax_a):
+        ax.set_xticks(x, [f"{c:.2g}" for c in tight.centers], rotation=45, fontsize=7)
+        ax.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    ax_a.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, divergence: str = "forward",
+                      max_points: int = 20000, seed: int = 0, ncols: int = 3) -> Figure:
+    """One panel per criterion: the drafter's ``KL`` against the target's certificate, step by step.
+
+    Below the diagonal ``KL = rho*`` a step is certified; soundness says no red (rejected)
+    point lies there. ``+inf`` certificates are drawn at the right edge, values under
+    ``1e-8`` at ``1e-8``. At most ``max_points`` steps are drawn (a seeded sample).
+    """
+    crits = list(traces.criteria if criteria is None else criteria)
+    kl = traces.kl(divergence)
+    n = len(kl)
+    idx = np.arange(n)
+    if n > max_points:
+        idx = np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
+    nrows = math.ceil(len(crits) / ncols)
+    fig = Figure(figsize=(3.8 * ncols, 3.5 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    rho_all = np.concatenate([traces.cert(c, divergence)[idx] for c in crits]) if crits else np.zeros(0)
+    finite = rho_all[np.isfinite(rho_all)]
+    right = max(float(finite.max()) if finite.size else 1.0, float(kl[idx].max()) if n else 1.0) * 3
+    positive = np.concatenate([finite[finite > 0], kl[idx][kl[idx] > 0]])
+    left = max(_FLOOR, float(positive.min()) / 2) if positive.size else _FLOOR
+    for ax, c in zip(axes, crits):
+        rho = traces.cert(c, divergence)[idx]
+        acc = traces.column(f"accepted[{c}]")[idx].astype(bool)
+        xs = np.clip(np.where(np.isinf(rho), right, rho), left, None)
+        ys = np.clip(kl[idx], left, None)
+        for mask, color, label, gid in ((acc, _ACCEPT, "accepted", "accepted"), (~acc, _REJECT, "rejected", "rejected")):
+            sc = ax.scatter(xs[mask], ys[mask], s=4, alpha=0.4, color=color, label=label, lw=0, rasterized=True)
+            sc.set_gid(f"scatter:{c}:{gid}")
+        ax.plot([left, right], [left, right], color="black", lw=0.8)
+        ax.axvline(right, color="grey", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(crits):]:
+        ax.set_visible(False)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("drafter KL(p||q) (nats)" if divergence == "forward" else "drafter KL(q||p) (nats)")
+    for ax in axes[-ncols:]:
+        ax.set_xlabel("certificate $\\rho^*(p)$ (right edge: $+\\infty$)")
+    if crits:
+        axes[0].legend(fontsize=7, loc="upper left", markerscale=3)
+    return fig
+
+
+def tree_coverage(traces: A.Traces, widths: Sequence[int] = tuple(range(1, 9)), divergence: str = "forward") -> Figure:
+    """Share of steps whose greedy token is in the drafter's top-``m``: actual vs certified, ``m = 1..8``."""
+    cov = A.tree_coverage(traces, widths, divergence)
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    (l1,) = ax.plot(cov.widths, cov.covered, marker="o", color=_ACCEPT, label="covered (actual)")
+    (l2,) = ax.plot(cov.widths, cov.certified, marker="s", color="#1f77b4", ls="--",
+                    label="certified: KL < $\\rho^*_{tree}$")
+    l1.set_gid("covered")
+    l2.set_gid("certified")
+    ax.set_xticks(cov.widths)
+    ax.set_xlabel("tree width m (drafter's top-m tokens)")
+    ax.set_ylabel("share of steps")
+    ax.set_ylim(0, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Greedy trees: the target's token among the drafter's top m", fontsize=10)
+    return fig
+
+
+def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1, 17)), criteria: Sequence[str] | None = None,
+                  eps: float | None = None, divergence: str = "forward", ncols: int = 3) -> Figure:
+    """Mean accepted draft tokens per round vs draft length ``K``: measured, certified, scalar-budget prediction.
+
+    Definitions in :func:`companion.analysis.accepted_length_per_round`; the grey line is ``K``.
+    """
+    r = A.accepted_length_per_round(traces, draft_lengths, criteria, eps, divergence)
+    crits = list(r.measured)
+    nrows = math.ceil(len(crits) / ncols)
+    fig = Figure(figsize=(3.8 * ncols, 3.3 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    k = r.draft_lengths
+    for ax, c in zip(axes, crits):
+        color = criterion_color(c)
+        ax.plot(k, k, color="grey", lw=0.6)
+        (a,) = ax.plot(k, r.measured[c], color=color, lw=1.8, label="measured")
+        (b,) = ax.plot(k, r.certified[c], color=color, lw=1.4, ls="--", label="certified (per-step KL)")
+        (d,) = ax.plot(k, r.budget[c], color=color, lw=1.2, ls=":", label=f"budget $\\varepsilon$ = {r.eps:.2g}")
+        a.set_gid(f"measured:{c}")
+        b.set_gid(f"certified:{c}")
+        d.set_gid(f"budget:{c}")
+        ax.set_title(c, fontsize=9)
+        ax.grid(alpha=0.3)
+    ax.set_ylim(0, float(k.max()) * 1.05 if k.size else 1.0)  # shared: no panel hides its lines
+    for ax in axes[len(crits):]:
+        ax.set_visible(False)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("accepted draft tokens / round")
+    for ax in axes[-ncols:]:
+        ax.set_xlabel("draft length K")
+    if crits:
+        axes[0].legend(fontsize=7, loc="upper left")
+    return fig

@@ -1,0 +1,148 @@
+"""The experiment figures draw what companion.analysis computes (read back through the artists' gids)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from companion import analysis as A
+from companion.criteria import PAPER_CRITERIA
+from companion.figures import experiments as E
+from companion.figures import save_figure
+from tests.test_analysis import synthetic_traces
+
+
+@pytest.fixture(scope="module")
+def tr() -> A.Traces:
+    return synthetic_traces(seed=2, lengths=(9, 14, 3, 11, 6))[0]
+
+
+def by_gid(fig: Figure, gid: str):
+    found = fig.findobj(lambda o: o.get_gid() == gid)
+    assert found, f"no artist with gid {gid!r}"
+    return found
+
+
+def line_y(fig: Figure, gid: str) -> np.ndarray:
+    (ln,) = by_gid(fig, gid)
+    return np.asarray(ln.get_ydata(), dtype=float)
+
+
+def test_names_are_stable_and_valid(tmp_path):
+    assert len(set(E.FIGURE_NAMES.values())) == len(E.FIGURE_NAMES)
+    for fn in E.FIGURE_NAMES:
+        assert callable(getattr(E, fn))
+    fig = Figure()
+    fig.subplots().plot([0, 1])
+    for name in E.FIGURE_NAMES.values():
+        assert save_figure(fig, name, tmp_path)
+
+
+def test_certificate_cdf(tr):
+    fig = E.certificate_cdf(tr, tree_widths=(2, 4, 8))
+    for spec in PAPER_CRITERIA:
+        (ln,) = by_gid(fig, f"cdf:{spec}")
+        x, y = E.ecdf(tr.cert(spec))
+        assert np.allclose(ln.get_xdata(), np.maximum(x, 1e-8)) and np.allclose(ln.get_ydata(), y)
+    # width 8 is not stored in these traces: drawn from the top-k, as the analysis computes it
+    (ln,) = by_gid(fig, "cdf:tree:8")
+    assert np.allclose(ln.get_ydata(), E.ecdf(tr.tree_cert(8))[1])
+    (vl,) = by_gid(fig, "ceiling:4")
+    assert vl.get_xdata()[0] == pytest.approx(math.log(5))
+
+
+def test_ecdf_leaves_infinite_mass_out():
+    x, y = E.ecdf(np.array([2.0, math.inf, 1.0, 3.0]))
+    assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == [0.25, 0.5, 0.75]
+
+
+def test_certificate_vs_margin(tr):
+    budgets = (0.01, 0.2)
+    fig = E.certificate_vs_margin(tr, budgets, n_bins=4, tree_widths=(2, 8))
+    margin = tr.column("margin")
+    edges = A.margin_bin_edges(margin, 4)
+    series = {c: tr.cert(c) for c in PAPER_CRITERIA} | {"tree:2": tr.tree_cert(2), "tree:8": tr.tree_cert(8)}
+    curves = A.certified_fraction_by_bin(margin, series, budgets, edges)
+    bins = A.bin_index(margin, edges)
+    for label in series:
+        for e, eps in enumerate(budgets):
+            assert np.allclose(line_y(fig, f"frac:{label}:eps={eps:g}"), curves.values[label][e], equal_nan=True)
+        med = A.median_by_bin(series[label], bins, curves.n_bins)
+        drawn = line_y(fig, f"median:{label}")
+        fin = np.isfinite(med)
+        assert np.allclose(drawn[fin], np.maximum(med[fin], 1e-8))
+        assert np.all(drawn[~fin] > np.nanmax(np.where(fin, med, np.nan)))  # +inf at the top edge
+
+
+def test_run_length_vs_budget(tr):
+    eps = np.logspace(-3, 0, 7)
+    fig = E.run_length_vs_budget(tr, eps, tree_widths=(2, 4))
+    curves = A.run_length_curves(tr, eps, tree_widths=(2, 4))
+    for label, y in curves.items():
+        assert np.allclose(line_y(fig, f"runs:{label}"), y)
+    (ln,) = by_gid(fig, "runs:greedy")
+    assert np.allclose(ln.get_xdata(), eps)
+    # the cap: the mean remaining length of a trajectory from a uniformly random step, (T_i + 1) / 2 averaged over steps
+    (cap,) = by_gid(fig, "runs:cap")
+    want = sum(n * (n + 1) / 2 for n in tr.lengths) / tr.n_rows
+    assert cap.get_ydata()[0] == pytest.approx(want)
+
+
+def test_drafter_acceptance(tr):
+    fig = E.drafter_acceptance(tr)
+    for r in A.acceptance_table(tr):
+        for attr in ("accepted", "certified_fwd", "certified_rev"):
+            (patch,) = by_gid(fig, f"{attr}:{r.criterion}")
+            assert patch.get_height() == pytest.approx(getattr(r, attr))
+
+
+def test_tightness_by_margin(tr):
+    fig = E.tightness_by_margin(tr, n_bins=3)
+    edges = A.margin_bin_edges(tr.column("margin"), 3)
+    tight = A.tightness_by_bin(tr, edges)
+    bins = A.bin_index(tr.column("margin"), edges)
+    for c in PAPER_CRITERIA:
+        assert np.allclose(line_y(fig, f"tight:{c}"), tight.values[c], equal_nan=True)
+        acc, _ = A.fraction_by_bin(tr.column(f"accepted[{c}]"), bins, tight.n_bins)
+        assert np.allclose(line_y(fig, f"accept:{c}"), acc, equal_nan=True)
+
+
+def test_kl_vs_certificate(tr):
+    fig = E.kl_vs_certificate(tr)
+    kl = tr.column("kl_fwd")
+    for c in PAPER_CRITERIA:
+        acc = tr.column(f"accepted[{c}]")
+        (a,) = by_gid(fig, f"scatter:{c}:accepted")
+        (r,) = by_gid(fig, f"scatter:{c}:rejected")
+        assert len(a.get_offsets()) == acc.sum() and len(r.get_offsets()) == (~acc).sum()
+        positive = np.concatenate([kl[kl > 0]] + [tr.cert(s)[np.isfinite(tr.cert(s)) & (tr.cert(s) > 0)] for s in PAPER_CRITERIA])
+        floor = max(1e-8, positive.min() / 2)
+        assert np.allclose(np.asarray(a.get_offsets())[:, 1], np.maximum(kl[acc], floor))
+        rho = tr.cert(c)[acc]
+        fin = np.isfinite(rho)
+        assert np.allclose(np.asarray(a.get_offsets())[fin, 0], np.maximum(rho[fin], floor))
+        # soundness, as drawn: no rejected point strictly below the diagonal
+        off = np.asarray(r.get_offsets())
+        assert len(off) == 0 or not np.any(off[:, 1] < off[:, 0])
+    small = E.kl_vs_certificate(tr, max_points=10)
+    pts = sum(len(s.get_offsets()) for s in small.findobj(lambda o: str(o.get_gid()).startswith("scatter:greedy:")))
+    assert pts == 10
+
+
+def test_tree_coverage(tr):
+    fig = E.tree_coverage(tr, range(1, 9))
+    cov = A.tree_coverage(tr, range(1, 9))
+    assert np.allclose(line_y(fig, "covered"), cov.covered)
+    assert np.allclose(line_y(fig, "certified"), cov.certified)
+
+
+def test_round_lengths(tr):
+    ks = (1, 2, 3, 5, 8)
+    fig = E.round_lengths(tr, ks)
+    r = A.accepted_length_per_round(tr, ks)
+    for c in PAPER_CRITERIA:
+        assert np.allclose(line_y(fig, f"measured:{c}"), r.measured[c])
+        assert np.allclose(line_y(fig, f"certified:{c}"), r.certified[c])
+        assert np.allclose(line_y(fig, f"budget:{c}"), r.budget[c])
