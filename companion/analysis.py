@@ -92,6 +92,7 @@ __all__ = [
     "AcceptanceRow",
     "BinnedCurves",
     "ChapterRun",
+    "Enlargement",
     "RoundLengths",
     "SoundnessReport",
     "Summary",
@@ -104,7 +105,6 @@ __all__ = [
     "certified_fraction_by_bin",
     "chapter_traces",
     "default_traces_dir",
-    "Enlargement",
     "enlargement_by_bin",
     "fraction_by_bin",
     "markdown_table",
@@ -189,7 +189,7 @@ class Traces:
         return len(self.lengths)
 
     def column(self, name: str) -> np.ndarray:
-        """A scalar column as a numpy array (cached)."""
+        """A column as a numpy array (cached): ``[N]``, or ``[N, k]`` for a list column such as ``top_probs``."""
         if name not in self._cache:
             if name not in self.table.column_names:
                 raise KeyError(f"the traces have no column {name!r}")

@@ -117,12 +117,14 @@ def test_kl_vs_certificate(tr):
         (a,) = by_gid(fig, f"scatter:{c}:accepted")
         (r,) = by_gid(fig, f"scatter:{c}:rejected")
         assert len(a.get_offsets()) == acc.sum() and len(r.get_offsets()) == (~acc).sum()
-        positive = np.concatenate([kl[kl > 0]] + [tr.cert(s)[np.isfinite(tr.cert(s)) & (tr.cert(s) > 0)] for s in PAPER_CRITERIA])
-        floor = max(1e-8, positive.min() / 2)
-        assert np.allclose(np.asarray(a.get_offsets())[:, 1], np.maximum(kl[acc], floor))
+        finite = np.concatenate([tr.cert(s)[np.isfinite(tr.cert(s))] for s in PAPER_CRITERIA])
+        x_floor = max(1e-8, finite[finite > 0].min() / 2)
+        y_floor = max(1e-8, kl[kl > 0].min() / 2)
+        assert np.allclose(np.asarray(a.get_offsets())[:, 1], np.maximum(kl[acc], y_floor))
         rho = tr.cert(c)[acc]
         fin = np.isfinite(rho)
-        assert np.allclose(np.asarray(a.get_offsets())[fin, 0], np.maximum(rho[fin], floor))
+        assert np.allclose(np.asarray(a.get_offsets())[fin, 0], np.maximum(rho[fin], x_floor))
+        assert np.all(np.asarray(a.get_offsets())[~fin, 0] > finite.max())  # +inf at the right edge
         # soundness, as drawn: no rejected point strictly below the diagonal
         off = np.asarray(r.get_offsets())
         assert len(off) == 0 or not np.any(off[:, 1] < off[:, 0])

@@ -129,7 +129,7 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
     curves = A.certified_fraction_by_bin(margin, series, budgets, edges)
     bins = A.bin_index(margin, edges)
     x = np.arange(curves.n_bins)
-    fig = Figure(figsize=(4.0 * (1 + len(budgets)), 4.2), layout="constrained")
+    fig = Figure(figsize=(4.0 * (1 + len(budgets)) + 1.5, 4.2), layout="constrained")
     axes = fig.subplots(1, 1 + len(budgets), squeeze=False).ravel()
     ax0 = axes[0]
     medians = {label: A.median_by_bin(v, bins, curves.n_bins) for label, v in series.items()}
@@ -157,7 +157,7 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
         ax.set_xticks(x, labels, rotation=45, fontsize=7)
         ax.set_xlabel("margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="lower right")
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return fig
 
 
@@ -259,21 +259,26 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
     rho_all = np.concatenate([traces.cert(c, divergence)[idx] for c in crits]) if crits else np.zeros(0)
     finite = rho_all[np.isfinite(rho_all)]
-    right = max(float(finite.max()) if finite.size else 1.0, float(kl[idx].max()) if n else 1.0) * 3
-    positive = np.concatenate([finite[finite > 0], kl[idx][kl[idx] > 0]])
-    left = max(_FLOOR, float(positive.min()) / 2) if positive.size else _FLOOR
+    kl_drawn = kl[idx]
+    right = max(float(finite.max()) if finite.size else 1.0, float(kl_drawn.max()) if n else 1.0) * 3
+    # Floors: half the smallest positive value on each axis (zeros, e.g. exact ties, are drawn there).
+    x_floor = max(_FLOOR, float(finite[finite > 0].min()) / 2) if np.any(finite > 0) else _FLOOR
+    y_floor = max(_FLOOR, float(kl_drawn[kl_drawn > 0].min()) / 2) if np.any(kl_drawn > 0) else _FLOOR
     for ax, c in zip(axes, crits):
         rho = traces.cert(c, divergence)[idx]
         acc = traces.column(f"accepted[{c}]")[idx].astype(bool)
-        xs = np.clip(np.where(np.isinf(rho), right, rho), left, None)
-        ys = np.clip(kl[idx], left, None)
+        xs = np.clip(np.where(np.isinf(rho), right, rho), x_floor, None)
+        ys = np.clip(kl_drawn, y_floor, None)
         for mask, color, label, gid in ((acc, _ACCEPT, "accepted", "accepted"), (~acc, _REJECT, "rejected", "rejected")):
             sc = ax.scatter(xs[mask], ys[mask], s=4, alpha=0.4, color=color, label=label, lw=0, rasterized=True)
             sc.set_gid(f"scatter:{c}:{gid}")
-        ax.plot([left, right], [left, right], color="black", lw=0.8)
+        lo = min(x_floor, y_floor)
+        ax.plot([lo, right], [lo, right], color="black", lw=0.8)
         ax.axvline(right, color="grey", lw=0.6, ls=":")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_xlim(x_floor / 1.5, right * 1.5)
+        ax.set_ylim(y_floor / 1.5, right * 1.5)
         ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=9)
         ax.grid(alpha=0.3)
     for ax in axes[len(crits):]:
