@@ -504,6 +504,17 @@ def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
         pr.get_preset("paper-qwen3-8b")
 
 
+def test_default_preset_without_assets_fails_clearly(monkeypatch, tmp_path, capsys) -> None:
+    import companion.tiny_pair as tp
+    from companion.cli import main
+
+    monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "no_assets")
+    assert main(["harvest", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "embedded pair" in err and "companion retrain" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_reports_errors_without_traceback(pair_dir, tmp_path) -> None:
     r = subprocess.run(_cli(pair_dir, tmp_path / "x", "--steps", "2", "--criteria", "additive:-1"), env=_env(),
                        capture_output=True, text=True, timeout=120)
@@ -559,3 +570,8 @@ def test_harvest_at_real_qwen3_shapes(tmp_path) -> None:
                               & ~np.asarray(table.column(f"accepted[{spec}]")))
         ids = _list_column(table, "top_ids")
         assert ids.shape == (6, 64) and np.all(ids < 151_936) and np.all(ids >= 0)
+
+
+def test_readme_documents_the_current_schema() -> None:
+    readme = (ROOT / "companion" / "harvest" / "README.md").read_text(encoding="utf-8")
+    assert schema_markdown() in readme, "regenerate the table in companion/harvest/README.md with schema_markdown()"

@@ -133,7 +133,7 @@ class StepStatistics:
         is among its top-K (so ties compare equal bit for bit), else ``p(1) exp(l_tok - l_1)``."""
         hit = s.indices == tok.unsqueeze(1)
         found = hit.any(1)
-        pos = hit.to(torch.int8).argmax(1, keepdim=True)
+        pos = hit.to(torch.float32).argmax(1, keepdim=True)  # first hit
         from_summary = s.values.gather(1, pos).squeeze(1)
         l_tok = logits_p.gather(1, tok.unsqueeze(1)).squeeze(1).to(torch.float64)
         l_top = logits_p.gather(1, s.indices[:, :1]).squeeze(1).to(torch.float64)
