@@ -35,7 +35,6 @@ from companion.harvest import (
     schema_markdown,
 )
 from companion.harvest import presets as pr
-from companion.harvest import store
 from companion.harvest.decode import decode_batch
 from companion.harvest.toy import byte_tokenizer, save_pair, toy_pair
 from companion.models import load_pair

@@ -1,6 +1,7 @@
 """``harvest``: traces of many prompts, sharded, resumable, and split across processes."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -340,8 +341,6 @@ def _finalize(out: Path, digest: str, n_shards: int, world: int, started: str, t
     for r in range(world):
         path = parts_dir / f"rank{r}.json"
         if path.exists():
-            import json
-
             ranks.append(json.loads(path.read_text()))
     found = store.existing_shards(out)
     shard_records = store.summarize_shards(found[i] for i in sorted(found))
