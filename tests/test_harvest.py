@@ -514,6 +514,20 @@ def test_default_preset_without_assets_fails_clearly(monkeypatch, tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+def test_default_preset_runs_on_the_embedded_pair(tmp_path, capsys) -> None:
+    from companion.cli import main
+    from companion.tiny_pair import ASSET_DIR
+
+    if not (ASSET_DIR / "target" / "config.json").exists():
+        pytest.skip("the embedded pair is not in this checkout")
+    assert main(["harvest", "--out", str(tmp_path / "d"), "--n-prompts", "2", "--steps", "4", "--no-progress"]) == 0
+    manifest = read_manifest(tmp_path / "d")
+    table = load_traces(tmp_path / "d")
+    assert manifest["extra"]["preset"] == "default" and manifest["config"]["drafter"] is not None
+    assert table.num_rows <= 8 and "accepted[greedy]" in table.column_names
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "complete"
+
+
 def test_cli_reports_errors_without_traceback(pair_dir, tmp_path) -> None:
     r = subprocess.run(_cli(pair_dir, tmp_path / "x", "--steps", "2", "--criteria", "additive:-1"), env=_env(),
                        capture_output=True, text=True, timeout=120)
