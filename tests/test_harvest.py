@@ -588,3 +588,16 @@ def test_harvest_at_real_qwen3_shapes(tmp_path) -> None:
 def test_readme_documents_the_current_schema() -> None:
     readme = (ROOT / "companion" / "harvest" / "README.md").read_text(encoding="utf-8")
     assert schema_markdown() in readme, "regenerate the table in companion/harvest/README.md with schema_markdown()"
+
+
+def test_cli_missing_weights_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys) -> None:
+    from companion.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc = main(["harvest", "--target", "nonexistent-org/nonexistent-model", "--no-drafter",
+               "--out", str(tmp_path / "out"), "--n-prompts", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("companion harvest: ") and "huggingface-cli download" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -75,7 +75,7 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     from companion.harvest import presets as pr
     from companion.harvest.core import distributed_context, harvest
     from companion.harvest.store import HarvestConfigError
-    from companion.models import load_pair, resolve_dtype
+    from companion.models import WeightsUnavailableError, load_pair, resolve_dtype
     from companion.prompts import dumps_prompts, load_prompts
 
     if args.threads:
@@ -101,15 +101,20 @@ def cmd_harvest(args: argparse.Namespace) -> int:
     drafter = None if args.no_drafter else (args.drafter or preset.drafter)
     target_name = args.target or preset.target
     tokenizer_name = args.tokenizer or preset.tokenizer
-    if target_name == "default" and drafter == "default":
-        drafter = None  # load_pair("default") brings the embedded drafter
-        target, draft_model, tokenizer = load_pair("default", tokenizer=tokenizer_name, device=device, dtype=dtype)
-        if args.no_drafter:
-            draft_model = None
-    else:
-        if drafter == "default":
-            drafter = None
-        target, draft_model, tokenizer = load_pair(target_name, drafter, tokenizer_name, device=device, dtype=dtype)
+    try:
+        if target_name == "default" and drafter == "default":
+            drafter = None  # load_pair("default") brings the embedded drafter
+            target, draft_model, tokenizer = load_pair("default", tokenizer=tokenizer_name, device=device, dtype=dtype)
+            if args.no_drafter:
+                draft_model = None
+        else:
+            if drafter == "default":
+                drafter = None
+            target, draft_model, tokenizer = load_pair(target_name, drafter, tokenizer_name, device=device, dtype=dtype)
+    except (WeightsUnavailableError, ValueError, FileNotFoundError) as err:
+        # missing weights offline, mismatched tokenizers, bad paths: a message, not a traceback
+        print(f"companion harvest: {err}", file=sys.stderr)
+        return 2
 
     # Prompts.
     if args.prompts:
