@@ -113,7 +113,9 @@ def test_below_certificate_every_maximiser_is_accepted(p, lam, noise, spec, div)
     candidates.append(torch.softmax(logits, 0))
     for q in candidates:
         d = float(kl_divergence(pt, q, div))
-        if d < rho:
+        # Below float64 resolution (certificates of ~1e-33 between near-equal entries) the
+        # comparison says nothing: require a margin above rounding.
+        if d < rho * (1 - 1e-9) - 1e-13:
             maximisers = q >= q.max()
             assert bool(accepted[maximisers].all()), (p, q, d, rho)
 
