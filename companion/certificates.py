@@ -95,6 +95,27 @@ def _reverse_pool_cost(vals: Tensor, mask: Tensor, mean_log: Tensor) -> Tensor:
     return -torch.log1p(-excess.clamp(max=1.0))
 
 
+def _pool_levels(anchor: Tensor, others: Tensor, divergence: str) -> Tensor:
+    """Level of the pool {anchor} + first ``j`` of ``others``, for ``j = 0..n``: ``[N, n+1]``.
+
+    Forward: the arithmetic mean of the pooled probabilities. Reverse: the mean of their logs
+    (the log of the geometric mean ``G``), so that comparisons need no ``exp``.
+    """
+    zero_col = torch.zeros(others.shape[0], 1, dtype=others.dtype, device=others.device)
+    j = torch.arange(others.shape[1] + 1, device=others.device)
+    if divergence == "forward":
+        return (anchor.unsqueeze(1) + torch.cat([zero_col, others.cumsum(1)], dim=1)) / (j + 1)
+    # log 0 = -inf only enters levels that the callers mask or that are exact (zeros pooled).
+    return (torch.log(anchor).unsqueeze(1) + torch.cat([zero_col, torch.log(others).cumsum(1)], dim=1)) / (j + 1)
+
+
+def _pool_cost(vals: Tensor, pool: Tensor, level: Tensor, divergence: str) -> Tensor:
+    """Cost of flattening ``q`` on the pooled entries ``vals[pool]`` at the given level."""
+    if divergence == "forward":
+        return _forward_pool_cost(vals, pool, level)
+    return _reverse_pool_cost(vals, pool, level)
+
+
 def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str) -> tuple[Tensor, Tensor, Tensor]:
     """``C(p, y)`` from the top of a sorted distribution: the pooled-minimiser scan.
 
@@ -111,14 +132,7 @@ def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str
     """
     n, k = values.shape
     j = torch.arange(k + 1, device=values.device)
-    zero_col = torch.zeros(n, 1, dtype=values.dtype, device=values.device)
-    if divergence == "forward":
-        prefix = torch.cat([zero_col, values.cumsum(1)], dim=1)
-        score = (p_y.unsqueeze(1) + prefix) / (j + 1)
-    else:
-        # log 0 = -inf only occurs below y*, where the mask below removes it.
-        prefix = torch.cat([zero_col, torch.log(values).cumsum(1)], dim=1)
-        score = (torch.log(p_y).unsqueeze(1) + prefix) / (j + 1)
+    score = _pool_levels(p_y, values, divergence)
     allowed = j.unsqueeze(0) <= n_above.unsqueeze(1)
     score = torch.where(allowed, score, torch.full_like(score, -torch.inf))
     j_star = score.argmax(1)  # first maximum: where the scan stops
@@ -127,10 +141,8 @@ def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str
     pool_vals = torch.cat([values, p_y.unsqueeze(1)], dim=1)
     pool = torch.cat([j[:k].unsqueeze(0) < j_star.unsqueeze(1),
                       torch.ones(n, 1, dtype=torch.bool, device=values.device)], dim=1)
-    if divergence == "forward":
-        cost = _forward_pool_cost(pool_vals, pool, level)
-    else:
-        cost = _reverse_pool_cost(pool_vals, pool, level)
+    cost = _pool_cost(pool_vals, pool, level, divergence)
+    if divergence == "reverse":
         # y with p_y = 0 cannot be lifted to a maximum at finite KL(q || p).
         cost = torch.where(p_y > 0, cost, torch.full_like(cost, torch.inf))
     return cost, j_star, incomplete
@@ -145,25 +157,14 @@ def tree_cost(values: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor]:
     n = values.shape[0]
     g = values[:, 0]
     ascending = values[:, 1 : m + 1].flip(1)  # competitors, lowest first
-    j = torch.arange(m + 1, device=values.device)
-    zero_col = torch.zeros(n, 1, dtype=values.dtype, device=values.device)
-    if divergence == "forward":
-        prefix = torch.cat([zero_col, ascending.cumsum(1)], dim=1)
-        score = (g.unsqueeze(1) + prefix) / (j + 1)
-    else:
-        prefix = torch.cat([zero_col, torch.log(ascending).cumsum(1)], dim=1)
-        score = (torch.log(g).unsqueeze(1) + prefix) / (j + 1)
-    j_star = score.argmin(1)
+    score = _pool_levels(g, ascending, divergence)
+    j_star = score.argmin(1)  # first minimum: the scan from below stops here
     level = score.gather(1, j_star.unsqueeze(1)).squeeze(1)
     pooled_vals = torch.cat([g.unsqueeze(1), ascending], dim=1)
-    jj = torch.arange(m + 1, device=values.device)
+    j = torch.arange(m, device=values.device)
     pool = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=values.device),
-                      jj[:m].unsqueeze(0) < j_star.unsqueeze(1)], dim=1)
-    if divergence == "forward":
-        cost = _forward_pool_cost(pooled_vals, pool, level)
-    else:
-        cost = _reverse_pool_cost(pooled_vals, pool, level)
-    return cost, j_star
+                      j.unsqueeze(0) < j_star.unsqueeze(1)], dim=1)
+    return _pool_cost(pooled_vals, pool, level, divergence), j_star
 
 
 def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
