@@ -235,6 +235,7 @@ def certificates(
     tree_widths: Iterable[int] = (),
     from_logits: bool = False,
     top: int = DEFAULT_TOP,
+    summary: TopSummary | None = None,
 ) -> dict[tuple[str, str], Tensor]:
     """Certificates of several criteria (and tree widths) from one pass over ``p``.
 
@@ -242,6 +243,8 @@ def certificates(
     each float64 of shape ``p.shape[:-1]`` (``+inf`` where nothing is rejected). ``top`` is the
     size of the shared ``topk`` summary; rows whose rejection boundary lies deeper get one
     masked pass, and rows whose pooled set is deeper still are redone from a full sort.
+    ``summary``: a :func:`~companion.summary.summarize` of this same ``p`` (same ``from_logits``)
+    that the caller already has, with at least ``top`` values; it saves the ``topk`` pass.
     """
     crits = parse_criteria(criteria) if criteria else []
     divs = [check_divergence(d) for d in divergences]
@@ -250,9 +253,17 @@ def certificates(
     for c in crits:
         c.check_vocab(vocab)
     k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
-    s = summarize(p, from_logits=from_logits, k=k)
+    if summary is None:
+        s = summarize(p, from_logits=from_logits, k=k)  # validates p
+    else:
+        if summary.k < min(k, vocab) or summary.vocab != vocab or summary.lead_shape != p.shape[:-1]:
+            raise ValueError(
+                f"summary does not fit p: it holds {summary.values.shape[0]} rows x top {summary.k} of V={summary.vocab}, "
+                f"these certificates need {p.shape[:-1].numel()} rows x top {min(k, vocab)} of V={vocab}"
+            )
+        s = summary
     flat = p.reshape(-1, vocab)
-    if any(c.needs_entropy for c in crits):
+    if any(c.needs_entropy for c in crits) and s.entropy is None:
         s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:

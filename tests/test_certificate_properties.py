@@ -286,3 +286,16 @@ def test_two_point_bound_accurate_at_near_ties() -> None:
     for gap in [1e-3, 1e-6, 1e-9]:
         p = torch.tensor([0.45 + gap, 0.45, 0.1 - gap], dtype=torch.float64)
         assert math.isclose(float(two_point_bound(p, "greedy")), float(certificate(p, "greedy")), rel_tol=1e-12)
+
+
+def test_precomputed_summary_gives_the_same_certificates() -> None:
+    from companion.summary import summarize
+
+    logits = torch.randn(5, 300, dtype=torch.float32) * 3
+    s = summarize(logits, from_logits=True, k=64, with_entropy=True)
+    direct = certificates(logits, SPECS, DIVS, tree_widths=[1, 4], from_logits=True)
+    reused = certificates(logits, SPECS, DIVS, tree_widths=[1, 4], from_logits=True, summary=s)
+    for key, value in direct.items():
+        torch.testing.assert_close(reused[key], value, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="summary does not fit"):
+        certificates(logits, SPECS, summary=summarize(logits, from_logits=True, k=8))

@@ -55,7 +55,9 @@ class StepStatistics:
         self.top_k = top_k
         self._ws = Workspace()
         # One summary serves the stored top-k, the thresholds and the margins.
-        self.k_summary = min(vocab, max([top_k, 2] + [c.top_needed() for c in self.criteria]))
+        # It also serves the certificates (so it holds what certificates() would take itself).
+        self.k_summary = min(vocab, max([top_k, 2, DEFAULT_TOP] + [c.top_needed() + 1 for c in self.criteria]
+                                        + [m + 1 for m in self.widths]))
 
     # ------------------------------------------------------------------------------------------
     def target(self, logits_p: Tensor, token: Tensor | None = None) -> dict[str, Tensor]:
@@ -77,7 +79,8 @@ class StepStatistics:
         out["top2_tie"] = top2[:, 0] == top2[:, 1]
         out["top_probs"] = values[:, : self.top_k]
         out["top_ids"] = idx[:, : self.top_k]
-        certs = certificates(logits_p, self.criteria, ("forward", "reverse"), tree_widths=self.widths, from_logits=True)
+        certs = certificates(logits_p, self.criteria, ("forward", "reverse"), tree_widths=self.widths,
+                             from_logits=True, summary=s)
         for spec in self.specs:
             out[f"cert_fwd[{spec}]"] = certs[(spec, "forward")]
             out[f"cert_rev[{spec}]"] = certs[(spec, "reverse")]
