@@ -32,6 +32,22 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+# A Qwen3-style chat template (ChatML turns; the assistant turn opens with an empty thinking
+# block when thinking is off, as Qwen3's own template does), written for the stand-ins.
+QWEN3_STYLE_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """:func:`byte_tokenizer` with a Qwen3-style chat template (the markers are spelled in bytes)."""
+    tok = byte_tokenizer()
+    tok.chat_template = QWEN3_STYLE_CHAT_TEMPLATE
+    return tok
+
+
 def toy_target(vocab: int = 512, hidden: int = 64, layers: int = 2, *, seed: int = 0, logit_scale: float = 1.5,
                max_positions: int = 512) -> Qwen3ForCausalLM:
     """A random Qwen3 target with peaked, varied distributions (``logit_scale`` sharpens them)."""
