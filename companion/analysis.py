@@ -87,6 +87,7 @@ from companion.certificates import tree_cost
 from companion.criteria import parse_criterion
 from companion.runs import certified_run_lengths
 from companion.summary import TopSummary
+from companion.status import describe_harvest
 
 __all__ = [
     "AcceptanceRow",
@@ -716,27 +717,9 @@ class ChapterRun:
         return str(self.manifest.get("extra", {}).get("preset", "(unknown)"))
 
     def describe(self) -> str:
-        """One Markdown line: preset, models (and sizes), dtype, device, prompts, steps."""
-        cfg = self.manifest["config"]
-        env = self.manifest.get("environment", {})
-
-        def model(ident: dict[str, Any] | None) -> str:
-            if not ident:
-                return "none"
-            return f"`{_short(ident.get('name') or '(in memory)')}` ({ident.get('parameters', 0) / 1e6:.3g}M parameters)"
-
-        device = cfg.get("device_type", "?")
-        if env.get("device_name") and env.get("device_name") != device:
-            device = f"{device} ({env['device_name']})"
-        return (f"preset `{self.preset}`: target {model(cfg['target'])}, drafter {model(cfg.get('drafter'))}, "
-                f"{cfg['dtype']} on {device}; {cfg['prompt_set']['n_prompts']} prompts x up to "
-                f"{cfg['n_steps']} greedy steps, {self.manifest['totals']['rows']} steps in all")
-
-
-def _short(name: str) -> str:
-    """A model path shortened to what identifies it (``.../default_pair/target`` -> ``default_pair/target``)."""
-    parts = Path(name).parts
-    return "/".join(parts[-2:]) if len(parts) > 2 else name
+        """One Markdown line from the harvest's manifest: preset, models (and sizes), dtype, device,
+        prompts, steps and exact ties (:func:`companion.status.describe_harvest`)."""
+        return describe_harvest(self.manifest)
 
 
 def _project_root(start: Path | None = None) -> Path:

@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from companion.figures import FIGURES_ENV
-from companion.status import ChapterRun, RunRecord, load_record, render_status_markdown, save_record
+from companion.status import (
+    ChapterRun,
+    RunRecord,
+    harvest_description,
+    load_record,
+    render_status_markdown,
+    save_record,
+)
 
 NOTEBOOK_DIR = "notebooks"
 KERNEL_NAME = "python3"
@@ -799,6 +806,7 @@ def reproduce(
                 source_sha256=_sha256(chapter.path), profile=profile.name, parameters=params,
                 device=device, device_name=device_name, started=started, seconds=round(seconds, 2),
                 figures=names, python=python, torch=torch, commit=commit,
+                harvest=harvest_description(params.get("traces_dir")),
             )
             save_record(record, layout.record)
             log(f"[{i}/{len(runnable)}] {chapter.name}: ok in {seconds:.1f} s, {len(names)} figure(s)")

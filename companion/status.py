@@ -45,6 +45,7 @@ class ChapterRun:
     python: str = ""
     torch: str | None = None
     commit: str | None = None         # short git commit of the tree, "+dirty" if modified
+    harvest: str | None = None        # the traces analysed, from their manifest (traces_dir given)
 
     @property
     def preset(self) -> str | None:
@@ -115,8 +116,60 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
+def _short_model(name: str) -> str:
+    """A model path shortened to what identifies it (``.../default_pair/target`` -> ``default_pair/target``)."""
+    parts = Path(name).parts
+    return "/".join(parts[-2:]) if len(parts) > 2 else name
+
+
+def describe_harvest(manifest: dict[str, Any]) -> str:
+    """One Markdown line describing a harvest from its manifest alone: what a chapter analysed.
+
+    Preset, target and drafter (name and size), dtype, device, prompt source, prompts and
+    steps, and the number of steps whose two largest target logits are exactly equal. Read from
+    the manifest, never from the preset table, so that traces made elsewhere (another machine,
+    other models via ``--target``) are described as they were made.
+    """
+    cfg = manifest.get("config", {})
+    env = manifest.get("environment", {})
+    totals = manifest.get("totals", {})
+
+    def model(ident: dict[str, Any] | None) -> str:
+        if not ident:
+            return "none"
+        return f"`{_short_model(ident.get('name') or '(in memory)')}` ({ident.get('parameters', 0) / 1e6:.3g}M parameters)"
+
+    preset = manifest.get("extra", {}).get("preset", "(none)")
+    device = cfg.get("device_type", "?")
+    if env.get("device_name") and env.get("device_name") != device:
+        device = f"{device} ({env['device_name']})"
+    prompts = cfg.get("prompt_set", {}).get("n_prompts", "?")
+    source = manifest.get("prompt_set_name")
+    text = (f"preset `{preset}`: target {model(cfg.get('target'))}, drafter {model(cfg.get('drafter'))}, "
+            f"{cfg.get('dtype', '?')} on {device}; {prompts} prompts"
+            + (f" of `{source}`" if source else "")
+            + f" x up to {cfg.get('n_steps', '?')} greedy steps, {totals.get('rows', '?')} steps in all")
+    if "top2_tie_steps" in totals:
+        text += f", {totals['top2_tie_steps']} with an exact top-2 tie"
+    return text
+
+
+def harvest_description(traces_dir: Any) -> str | None:
+    """:func:`describe_harvest` of the manifest in ``traces_dir``; None if not given or unreadable."""
+    if not traces_dir:
+        return None
+    try:
+        manifest = json.loads((Path(str(traces_dir)) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return describe_harvest(manifest)
+
+
 def _models(run: ChapterRun) -> str:
-    """Preset and models, from the preset name and any *model* parameters of the chapter."""
+    """Preset and models: from the analysed harvest's manifest when the chapter was given one,
+    else from the preset name and any *model* parameters of the chapter."""
+    if run.harvest:
+        return f"traces `{run.parameters.get('traces_dir')}`: {run.harvest}"
     parts = []
     if run.preset is not None:
         described = PRESET_MODELS.get(run.preset)
