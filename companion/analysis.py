@@ -507,7 +507,7 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
     """``rho_tree,m`` from the target's sorted top probabilities ``[N, k]`` (``k >= m + 1``).
 
     The width-``m`` certificate pools ``g`` with the lowest of its ``m`` competitors
-    ``p(2..m+1)`` (THEORY.md, item 5), so ``p(1..m+1)`` determine it; this calls the engine's
+    ``p(2..m+1)`` (chapter 5), so ``p(1..m+1)`` determine it; this calls the engine's
     :func:`companion.certificates.tree_cost` on them, which is what the harvest does on the
     full summary (equal bit for bit on the stored widths; tested).
     """

@@ -1,4 +1,4 @@
-"""Margin bounds on the certificates (THEORY.md items 4 and 5).
+"""Margin bounds on the certificates: what the top of the target alone guarantees.
 
 Notation: ``p(1) >= p(2) >= ...`` sorted target probabilities, ``y*`` the most likely rejected
 token, ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}``, ``gamma = p(1) - p(2)``.
@@ -8,8 +8,14 @@ token, ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}``, ``gamma = p(1) - p(2)``
   ``rho* >= s [log 2 - h(p(1)/s)]`` (forward; ``h`` binary entropy, nats) and
   ``rho* >= -log(1 - (sqrt p(1) - sqrt p_{y*})^2)`` (reverse). By Pinsker on the pair,
   ``s [log 2 - h(p(1)/s)] >= Delta^2 / (2 s)``.
-* Strict greedy (forward): the pool is exactly ``{1, 2}``, so ``rho*`` equals the two-point value
-  and ``Delta^2/(2s) <= rho* <= Delta^2/s`` (Pinsker below, chi-square above).
+* Strict greedy (forward), no exact tie at the top: the pool is exactly ``{1, 2}``, so ``rho*``
+  equals the two-point value ``s [log 2 - h(p(1)/s)]`` and
+  ``Delta^2/(2s) <= rho* <= (log 2) Delta^2/s``. Both constants are sharp: the lower one as
+  ``Delta -> 0`` (Pinsker), the upper one as ``p(2) -> 0``, since ``[log 2 - h((1+u)/2)] / u^2``
+  increases in ``u = Delta/s`` from ``1/2`` to ``log 2``. The chi-square bound ``Delta^2/s`` is
+  valid but loose. At an exact tie the boundary is the third token and the pool holds three
+  tokens: ``rho*`` then exceeds ``(log 2) Delta^2/s`` (by up to about 17 % with two tied
+  maximisers, 28 % with four), so no upper bound of this form is returned there.
 * Margin only: ``rho* >= phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m(1-gamma) log(1-gamma)]/(m+1)``
   for a width-``m`` greedy tree (``m = 1``: strict greedy), attained when all mass sits on
   ``g`` and ``m`` competitors at ``p(1) - gamma``; leading term ``m gamma^2 / 2`` (a lower bound
@@ -79,14 +85,23 @@ def margin_quadratic_bound(p: Tensor, criterion: Criterion | str, *, from_logits
     return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
 
 
-def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False) -> tuple[Tensor, Tensor]:
-    """Strict greedy, forward: ``(Delta^2/(2s), Delta^2/s)`` with ``Delta = p(1)-p(2)``, ``s = p(1)+p(2)``.
+def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False, upper: str = "sharp") -> tuple[Tensor, Tensor]:
+    """Strict greedy, forward: ``(Delta^2/(2s), c Delta^2/s)`` with ``Delta = p(1)-p(2)``, ``s = p(1)+p(2)``.
 
-    With an exact tie at the top, ``p(2)`` here is the largest probability below ``p(1)``
-    (the boundary of the rejection region), matching the certificate.
+    ``upper="sharp"`` gives ``c = log 2``, the best constant (approached as ``p(2) -> 0``);
+    ``upper="chi-square"`` gives ``c = 1``, the looser chi-square bound. Both upper bounds assume
+    no exact tie at the top (``p(1) > p(2)``): on rows with a tie the upper bound is ``+inf``.
+    There ``p(2)`` in the lower bound is the largest probability below ``p(1)`` (the boundary of
+    the rejection region), matching the certificate; the lower bound holds on every row.
     """
+    if upper not in ("sharp", "chi-square"):
+        raise ValueError(f"upper must be 'sharp' or 'chi-square', got {upper!r}")
     lower = margin_quadratic_bound(p, "greedy", from_logits=from_logits)
-    return lower, 2 * lower
+    s = summarize(p, from_logits=from_logits, k=2)
+    tie = (s.values[:, 0] == s.values[:, 1]).reshape(s.lead_shape)
+    factor = 2 * math.log(2) if upper == "sharp" else 2.0
+    bound = factor * lower
+    return lower, torch.where(tie, torch.full_like(bound, torch.inf), bound)
 
 
 def margin_only_bound(gamma: float | Tensor, m: int = 1) -> Tensor:

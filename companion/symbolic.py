@@ -3,7 +3,7 @@
 Each function derives one step of the theory and returns sympy expressions; the chapters
 display them and assert their properties, and ``tests/test_symbolic.py`` checks them against
 independent numerics. Nothing here is quoted from the paper: these are the project's own
-derivations of the results its abstract states (see ``THEORY.md``).
+derivations of the results its abstract states (the book's chapter on the claims lists them).
 
 Notation. ``p`` is the target distribution, ``q`` the drafter's; ``p(1) >= p(2) >= ...`` are
 the sorted target probabilities. Forward divergence ``KL(p||q) = sum_i p_i log(p_i / q_i)``,
