@@ -718,7 +718,7 @@ class ChapterRun:
 
     def describe(self) -> str:
         """One Markdown line from the harvest's manifest: preset, models (and sizes), dtype, device,
-        prompts, steps and exact ties (:func:`companion.status.describe_harvest`)."""
+        prompts, steps and exact ties (``companion.status.describe_harvest``)."""
         return describe_harvest(self.manifest)
 
 

@@ -4,16 +4,16 @@ Every criterion accepts a proposed token ``y`` iff ``p_y >= tau(p)`` (typical ac
 ``p_y > tau(p)``, strict, as Medusa implements it), where the threshold ``tau`` depends on the
 target ``p`` alone. The rejection region is the lower level set ``R(p) = {y : p_y < tau(p)}``.
 
-===================  ==========================  =======================================
-spec                 class                       ``tau(p)``
-===================  ==========================  =======================================
-``greedy``           :class:`StrictGreedy`       ``p(1)``
-``additive:D``       :class:`AdditiveRelaxed`    ``p(1) - D``
-``multiplicative:A`` :class:`MultiplicativeRelaxed`  ``A * p(1)``
-``topm:M``           :class:`TopM`               ``p(M)``
-``topk-delta:K,D``   :class:`TopKDelta`          ``max(p(K), p(1) - D)``
-``typical:E,D``      :class:`Typical`            ``min(E, D * exp(-H(p)))`` (strict)
-===================  ==========================  =======================================
+====================  ==============================  ==========================================
+spec                  class                           ``tau(p)``
+====================  ==============================  ==========================================
+``greedy``            :class:`StrictGreedy`           ``p(1)``
+``additive:D``        :class:`AdditiveRelaxed`        ``p(1) - D``
+``multiplicative:A``  :class:`MultiplicativeRelaxed`  ``A * p(1)``
+``topm:M``            :class:`TopM`                   ``p(M)``
+``topk-delta:K,D``    :class:`TopKDelta`              ``max(p(K), p(1) - D)``
+``typical:E,D``       :class:`Typical`                ``min(E, D * exp(-H(p)))`` (strict)
+====================  ==============================  ==========================================
 
 ``p(i)`` is the i-th largest probability; ``H`` is the entropy in nats. The spec string is the
 one form used everywhere (CLI, papermill parameters, file names, trace columns):

@@ -616,7 +616,8 @@ def render_api_section(module: str, status: str, detail: str) -> str:
     """The MyST for one module of the API reference page."""
     head = f"## `{module}`\n\n"
     if status == "ok":
-        return head + f"```{{automodule}} {module}\n```\n"
+        # autodoc emits reStructuredText: parse it as such (inside MyST it would show as raw text).
+        return head + f"```{{eval-rst}}\n.. automodule:: {module}\n```\n"
     if status == "missing":
         return head + "```{note}\nThis module is not part of this build yet.\n```\n"
     return head + f"```{{warning}}\nThis module failed to import, so it is not documented here:\n`{detail}`\n```\n"

@@ -41,11 +41,16 @@ async () => {
   body.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
   const text = body.textContent;
   const leftovers = ['$$', '\\\\(', '\\\\[', '\\\\frac', '\\\\rho'].filter(s => text.includes(s));
+  // reStructuredText that was not parsed (docstrings read as Markdown show these as text).
+  const rst = ['.. py:', '.. automodule', '.. auto', ':func:`', ':class:`', ':mod:`', ':data:`', ':meth:`', '``',
+               '====='].filter(s => text.includes(s));
   return {
     math: math.length,
     typeset: math.filter(e => e.querySelector('mjx-container')).length,
     containers: document.querySelectorAll('mjx-container').length,
     leftovers: leftovers,
+    rst: rst,
+    autodoc: document.querySelectorAll('dl.py').length,
     images: document.images.length,
     broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
   };
@@ -60,6 +65,8 @@ class PageReport:
     typeset: int
     containers: int
     leftovers: list[str]
+    rst: list[str]
+    autodoc: int
     images: int
     broken: list[str]
 
@@ -141,6 +148,7 @@ def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_imag
     for rel, page in report.pages.items():
         assert page.typeset == page.math, f"{rel}: {page.math - page.typeset} equation(s) not typeset"
         assert not page.leftovers, f"{rel}: raw TeX left in the page: {page.leftovers}"
+        assert not page.rst, f"{rel}: raw reStructuredText left in the page: {page.rst}"
         assert not page.broken, f"{rel}: images not loaded: {page.broken}"
     for rel in expect_math_on:
         assert report.pages[rel].containers > 0, f"{rel}: no MathJax output"
@@ -162,6 +170,8 @@ def test_built_book_in_browser(built_book: Path, serve) -> None:
     (built_book.parent / "screenshots" / "report.json").write_text(
         json.dumps({k: vars(v) for k, v in report.pages.items()}, indent=1), encoding="utf-8")
     assert_book_ok(report, expect_math_on=["book/intro.html"], expect_images_on=with_figures)
+    api = report.pages["book/api.html"]
+    assert api.autodoc > 100, f"the API page documents only {api.autodoc} objects: autodoc output not rendered?"
     for rel in notebook_pages:
         assert rel in report.pages
 

@@ -6,7 +6,7 @@ what the two full next-token distributions imply (top-k, margin, entropy, the ex
 of every criterion and tree width, KL both ways, TV, whether each criterion accepts the
 drafter's token and whether that was certified) without ever keeping a distribution: one row
 per step in Parquet shards, with a JSON manifest. ``load_traces(out_dir)`` reads them back as a
-``pyarrow.Table``. The command line is ``companion harvest`` (see :mod:`companion.harvest.cli`);
+``pyarrow.Table``. The command line is ``companion harvest`` (see ``companion.harvest.cli``);
 the columns are documented in :mod:`companion.harvest.schema`; presets and every choice the
 paper leaves open in :mod:`companion.harvest.presets` and ``README.md`` beside this file.
 """

@@ -1,12 +1,12 @@
 """Harvest presets: the embedded CPU pair, and the paper's two Qwen3 settings (plus a drafter).
 
-================== ================= ================= =============================================
-preset             target            drafter           prompts
-================== ================= ================= =============================================
-``default``        embedded target   embedded drafter  the embedded held-out prompt set
-``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
-``paper-qwen3-4b`` Qwen/Qwen3-4B     Qwen/Qwen3-0.6B   the same 500 prompts
-================== ================= ================= =============================================
+==================== ================= ================= =============================================
+preset               target            drafter           prompts
+==================== ================= ================= =============================================
+``default``          embedded target   embedded drafter  the embedded held-out prompt set
+``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B   Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
+``paper-qwen3-4b``   Qwen/Qwen3-4B     Qwen/Qwen3-0.6B   the same 500 prompts
+==================== ================= ================= =============================================
 
 All three decode 128 greedy steps per prompt and compute the paper's criteria
 (:data:`companion.criteria.PAPER_CRITERIA`) and trees ``m = 1, 2, 4, 8``. The paper ran no
