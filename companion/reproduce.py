@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from companion.figures import FIGURES_ENV
+from companion.figures import FIGURE_MARKER, FIGURES_ENV
 from companion.status import (
     ChapterRun,
     RunRecord,
@@ -671,6 +671,9 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
                     shutil.copy2(f, stage / "figures" / f.name)
                 figures.append(figure)
 
+    for chapter in staged:
+        link_figures(stage / NOTEBOOK_DIR / f"{chapter.name}.ipynb", set(figures))
+
     status_page = stage / "book" / "reproduction_status.md"
     if status_page.is_file():
         staged_names = {c.name for c in staged}
@@ -694,6 +697,43 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         api_page.write_text(API_MARKER.sub(lambda m: render_api_section(m.group(1), *probed[m.group(1)]), text),
                             encoding="utf-8")
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
+
+
+def link_figures(path: Path, available: set[str]) -> int:
+    """Replace each figure marker in a notebook's outputs by the figure's download links.
+
+    ``save_figure`` leaves ``<!-- companion-figure: NAME -->`` in the cell that saved the figure,
+    before the figure itself is displayed; here the marker is removed and the links to the
+    staged ``figures/NAME.png`` and ``.pdf`` are appended after the cell's last image, so they
+    sit under the figure. Markers of figures that are not staged are dropped. Returns how many
+    links were added.
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    added = 0
+    for cell in nb.cells:
+        names, kept = [], []
+        for out in cell.get("outputs", []):
+            text = out.get("data", {}).get("text/markdown", "") if out.get("output_type") == "display_data" else ""
+            match = FIGURE_MARKER.match(text.strip()) if isinstance(text, str) else None
+            if match:
+                names.append(match.group(1))
+            else:
+                kept.append(out)
+        if not names:
+            continue
+        links = [f"{{download}}`{name}.png <../figures/{name}.png>` · {{download}}`{name}.pdf <../figures/{name}.pdf>`"
+                 for name in names if name in available]
+        images = [i for i, out in enumerate(kept) if "image/png" in out.get("data", {})]
+        at = images[-1] + 1 if images else len(kept)
+        if links:
+            kept.insert(at, nbformat.v4.new_output(
+                "display_data", data={"text/markdown": "Download: " + "; ".join(links)}))
+            added += len(links)
+        cell["outputs"] = kept
+    nbformat.write(nb, path)
+    return added
 
 
 def _swap_into_place(new: Path, final: Path, work: Path) -> None:

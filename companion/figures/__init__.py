@@ -4,6 +4,9 @@
 directory is set (``COMPANION_FIGURES_DIR`` in the environment, which ``companion reproduce`` sets,
 or the ``directory`` argument); otherwise it does nothing, so notebooks run read-only by default.
 Names are stable so that the reproduction-status page can list what produced each figure.
+Inside a notebook kernel, a saved figure also leaves an invisible marker in the cell's output
+(:data:`FIGURE_MARKER`); when the book is built, the marker becomes the figure's PNG and PDF
+download links, placed under the figure.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import re
 from pathlib import Path
 
 FIGURES_ENV = "COMPANION_FIGURES_DIR"
+FIGURE_MARKER = re.compile(r"^<!-- companion-figure: ([a-z0-9][a-z0-9_\-]*) -->$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
@@ -40,4 +44,18 @@ def save_figure(fig, name: str, directory: str | os.PathLike[str] | None = None)
         fig.savefig(tmp, format=ext, bbox_inches="tight", **kwargs)
         os.replace(tmp, final)
         written.append(final)
+    _mark_in_notebook(name)
     return written
+
+
+def _mark_in_notebook(name: str) -> None:
+    """Leave ``<!-- companion-figure: name -->`` in the running cell's output (kernels only)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    display({"text/markdown": f"<!-- companion-figure: {name} -->"}, raw=True)

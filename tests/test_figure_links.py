@@ -1,0 +1,50 @@
+"""Figure download links: save_figure's marker becomes PNG/PDF links under the figure when staged."""
+from __future__ import annotations
+
+import nbformat
+
+from companion.reproduce import link_figures
+
+
+def _cell_with(outputs: list) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell("fig = draw(); save_figure(fig, 'x'); fig")
+    cell.outputs = outputs
+    return cell
+
+
+def _marker(name: str):
+    return nbformat.v4.new_output("display_data", data={"text/markdown": f"<!-- companion-figure: {name} -->"})
+
+
+def _image():
+    return nbformat.v4.new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+
+
+def test_marker_becomes_links_under_the_last_image(tmp_path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [_cell_with([_marker("exp_a"), _marker("gone"), _image()]), _cell_with([_image()])]
+    path = tmp_path / "ch.ipynb"
+    nbformat.write(nb, path)
+    assert link_figures(path, {"exp_a"}) == 1
+    cells = nbformat.read(path, as_version=4).cells
+    first = cells[0].outputs
+    assert [("image/png" in o.data) for o in first] == [True, False]
+    text = first[1].data["text/markdown"]
+    assert "{download}`exp_a.png <../figures/exp_a.png>`" in text and "exp_a.pdf" in text
+    assert "gone" not in text and "companion-figure" not in text
+    assert len(cells[1].outputs) == 1  # a figure that was not saved gets no links
+
+
+def test_interactive_saves_leave_no_marker(tmp_path, monkeypatch) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from companion.figures import save_figure
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    written = save_figure(fig, "demo", directory=tmp_path)  # outside a kernel: files only
+    assert sorted(p.name for p in written) == ["demo.pdf", "demo.png"]
+    plt.close(fig)
