@@ -658,6 +658,8 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
             staged.append(chapter)
         else:
             missing.append(chapter)
+    if missing:
+        unlink_chapters(stage / "book", [c.name for c in missing])
     toc = _filter_toc(read_toc(root), {c.toc_file for c in staged})
     (stage / "_toc.yml").write_text(_yaml().safe_dump(toc, sort_keys=False), encoding="utf-8")
 
@@ -697,6 +699,21 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         api_page.write_text(API_MARKER.sub(lambda m: render_api_section(m.group(1), *probed[m.group(1)]), text),
                             encoding="utf-8")
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
+
+
+def unlink_chapters(pages: Path, chapters: list[str]) -> None:
+    """In the book's Markdown pages, turn links to chapters left out of this build into plain text.
+
+    A partial build (``--only``) stages only the executed chapters; a link to another one
+    would be a broken cross-reference, which the build treats as an error.
+    """
+    names = "|".join(re.escape(c) for c in chapters)
+    link = re.compile(r"\[([^\]]+)\]\(\.\./" + NOTEBOOK_DIR + r"/(?:" + names + r")\.(?:ipynb|md)(?:#[^)]*)?\)")
+    for page in pages.rglob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        new = link.sub(lambda m: f"{m.group(1)} (not in this build)", text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
 
 
 def link_figures(path: Path, available: set[str]) -> int:

@@ -48,3 +48,14 @@ def test_interactive_saves_leave_no_marker(tmp_path, monkeypatch) -> None:
     written = save_figure(fig, "demo", directory=tmp_path)  # outside a kernel: files only
     assert sorted(p.name for p in written) == ["demo.pdf", "demo.png"]
     plt.close(fig)
+
+
+def test_links_to_chapters_left_out_become_text(tmp_path) -> None:
+    from companion.reproduce import unlink_chapters
+
+    page = tmp_path / "claims.md"
+    page.write_text("See [Chapter 3](../notebooks/03_strict_greedy.ipynb) and "
+                    "[chapter 7](../notebooks/07_paper_evaluation.ipynb#certified-runs).\n")
+    unlink_chapters(tmp_path, ["03_strict_greedy"])
+    assert page.read_text() == ("See Chapter 3 (not in this build) and "
+                                "[chapter 7](../notebooks/07_paper_evaluation.ipynb#certified-runs).\n")
