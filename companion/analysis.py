@@ -441,12 +441,22 @@ class Enlargement:
     eps: np.ndarray
     gain: dict[str, np.ndarray]  # [E, n_bins]: certified share of the label minus strict greedy's
     median_ratio: dict[str, np.ndarray]  # [n_bins]: median of rho_label / rho_greedy over steps with rho_greedy > 0
+    vacuous: dict[str, np.ndarray] = field(default_factory=dict)  # [n_bins]: share with rho_label = +inf
+
+    def real_gain(self, label: str) -> np.ndarray:
+        """``gain`` without the vacuous part: steps where the label rejects nothing (``rho = +inf``)
+        are "certified" at every budget, whatever the drafter, and say nothing about it."""
+        return self.gain[label] - self.vacuous[label][None, :]
 
 
 def enlargement_by_bin(traces: Traces, edges: np.ndarray, eps: Sequence[float], criteria: Sequence[str] | None = None,
                        tree_widths: Sequence[int] = (2, 4, 8), divergence: str = "forward") -> Enlargement:
     """Per margin bin ``b`` and budget ``eps``: ``gain = share(rho_c > eps) - share(rho_greedy > eps)``, and
     ``median_ratio = Q(0.5)`` of ``rho_c / rho_greedy`` over the bin's steps with ``rho_greedy > 0``.
+
+    ``vacuous``: the share of the bin's steps where the criterion rejects nothing (``rho_c =
+    +inf``); they count as certified at every budget, so :meth:`Enlargement.real_gain` takes them
+    out (strict greedy always rejects something unless every token ties for the top).
 
     ``rho_greedy`` is the strict greedy certificate, which equals the width-1 tree certificate
     (taken from whichever the traces have). The abstract's claim, "relaxed and tree criteria
@@ -462,14 +472,15 @@ def enlargement_by_bin(traces: Traces, edges: np.ndarray, eps: Sequence[float], 
     eps_arr = np.asarray(eps, dtype=np.float64)
     base = np.stack([fraction_by_bin(greedy > e, b, n_bins)[0] for e in eps_arr])
     positive = greedy > 0
-    gain, ratio = {}, {}
+    gain, ratio, vacuous = {}, {}, {}
     for label, rho in labels.items():
         gain[label] = np.stack([fraction_by_bin(rho > e, b, n_bins)[0] for e in eps_arr]) - base
+        vacuous[label] = fraction_by_bin(np.isposinf(rho), b, n_bins)[0] - fraction_by_bin(np.isposinf(greedy), b, n_bins)[0]
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.where(positive, rho / np.where(positive, greedy, 1.0), np.nan)
         ratio[label] = np.array([quantile(r[(b == k) & positive], 0.5) if np.any((b == k) & positive) else math.nan
                                  for k in range(n_bins)])
-    return Enlargement(edges, counts, centers, eps_arr, gain, ratio)
+    return Enlargement(edges, counts, centers, eps_arr, gain, ratio, vacuous)
 
 
 # ---------------------------------------------------------------------------------------------
