@@ -1,8 +1,11 @@
-"""Companion library to *When Is a Draft Accepted? A Theory of Acceptance in Speculative Decoding*.
+"""Companion library to *When Is a Draft Accepted? A Theory of Acceptance in Speculative Decoding*
+(arXiv:2606.30265, https://arxiv.org/abs/2606.30265).
 
-The certificate engine (criteria, exact KL certificates, witnesses, tree certificates) is
-importable from the top level; bounds, certified runs and the stochastic contrast live in
-``companion.bounds``, ``companion.runs`` and ``companion.stochastic``.
+The certificate engine (criteria, exact KL certificates, witnesses, tree certificates), the
+per-criterion verdict on a drafter (:func:`certified`) and certificates from a server's top-k
+logprobs (:func:`certificates_from_logprobs`) are importable from the top level; bounds,
+certified runs and the stochastic contrast live in ``companion.bounds``, ``companion.runs`` and
+``companion.stochastic``.
 """
 from companion.certificates import (
     certificate,
@@ -25,12 +28,17 @@ from companion.criteria import (
     parse_criteria,
     parse_criterion,
 )
+from companion.server_logprobs import LogprobCertificate, certificates_from_logprobs
+from companion.verdicts import Certification, Certifications, certified
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdditiveRelaxed",
+    "Certification",
+    "Certifications",
     "Criterion",
+    "LogprobCertificate",
     "MultiplicativeRelaxed",
     "PAPER_CRITERIA",
     "StrictGreedy",
@@ -39,6 +47,8 @@ __all__ = [
     "Typical",
     "certificate",
     "certificates",
+    "certificates_from_logprobs",
+    "certified",
     "kl_divergence",
     "parse_criteria",
     "parse_criterion",

@@ -1,0 +1,129 @@
+"""Is this drafter certified? Per criterion, for a target ``p`` and a drafter ``q`` side by side.
+
+For each criterion ``c`` and each row (a decoding step), with ``d = argmax q`` the drafter's
+greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"reverse"``:
+``KL(q || p)``):
+
+* ``accepted``: ``c`` accepts ``d`` under ``p``, i.e. ``p_d >= tau_c(p)`` (``>`` for typical
+  acceptance);
+* ``certificate``: ``rho*_c(p) = inf { D(p, q') : argmax q' is rejected by c }``, from
+  :func:`companion.certificates.certificates`;
+* ``kl``: ``D(p, q)``, from :func:`companion.certificates.kl_divergence`;
+* ``certified``: ``kl < certificate``.
+
+The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q``, so a certified
+step is accepted whatever the tie-breaking; the converse does not hold (a certificate prices
+the *worst* drafter within the budget, and a real drafter is rarely that one). Where ``c``
+rejects nothing, ``rho* = +inf`` and every drafter is certified, even one with infinite KL.
+A KL within float64 rounding of ``rho*`` is decided by that rounding.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from companion.certificates import certificates, kl_divergence
+from companion.criteria import Criterion, parse_criteria, parse_criterion
+from companion.summary import normalized_probabilities
+from companion.validation import check_distribution_tensor, check_divergence
+
+
+@dataclass(frozen=True)
+class Certification:
+    """One criterion's verdict on a drafter, per row (all tensors have ``p.shape[:-1]``).
+
+    ``token``: the drafter's greedy token ``argmax q`` (int64; the lowest id among exact ties).
+    ``accepted``: the criterion accepts ``token`` under ``p`` (bool).
+    ``certified``: ``kl < certificate`` (bool); certified implies accepted.
+    ``certificate``: ``rho*(p)`` in nats (float64, ``+inf`` where nothing is rejected).
+    ``kl``: the drafter's divergence ``D(p, q)`` in nats (float64).
+    """
+
+    criterion: str
+    divergence: str
+    token: Tensor
+    accepted: Tensor
+    certified: Tensor
+    certificate: Tensor
+    kl: Tensor
+
+    def __repr__(self) -> str:
+        n = self.certified.numel()
+        return (f"Certification({self.criterion!r}, {self.divergence}: {int(self.certified.sum())}/{n} certified, "
+                f"{int(self.accepted.sum())}/{n} accepted)")
+
+
+class Certifications(Mapping[str, Certification]):
+    """The verdicts of several criteria, keyed by the criterion's spec string (``"additive:0.3"``).
+
+    A :class:`~companion.criteria.Criterion` or any spelling that parses to the same criterion
+    works as a key too: ``result[AdditiveRelaxed(0.3)]`` and ``result["additive:.3"]`` are
+    ``result["additive:0.3"]``.
+    """
+
+    def __init__(self, items: Sequence[Certification]) -> None:
+        self._items = {c.criterion: c for c in items}
+
+    def __getitem__(self, key: str | Criterion) -> Certification:
+        spec = key if isinstance(key, str) and key in self._items else str(parse_criterion(key))
+        try:
+            return self._items[spec]
+        except KeyError:
+            raise KeyError(f"no verdict for criterion {spec!r}; computed: {', '.join(self._items)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return "Certifications(\n" + "".join(f"  {c!r},\n" for c in self._items.values()) + ")"
+
+
+def certified(
+    p: Tensor,
+    q: Tensor,
+    criteria: Sequence[Criterion | str] | Criterion | str,
+    *,
+    from_logits: bool = False,
+    divergence: str = "forward",
+) -> Certifications:
+    """Whether the drafter ``q``'s greedy token is certified, and accepted, under each criterion.
+
+    ``p``: the target's next-token distributions ``[..., V]``, ``q``: the drafter's, same shape;
+    probabilities, or logits of both with ``from_logits=True`` (any float dtype). ``criteria``:
+    specs or :class:`~companion.criteria.Criterion` objects (one, a list, or a ``;``-separated
+    string). ``divergence``: ``"forward"`` (``KL(p || q)``) or ``"reverse"`` (``KL(q || p)``).
+
+    Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
+    with, per row, ``certified = KL < rho*`` and ``accepted``; the rule ``KL < rho* => accepted``
+    holds on every row (module docstring).
+    """
+    check_divergence(divergence)
+    what_p, what_q = ("target logits", "drafter logits") if from_logits else ("p", "q")
+    check_distribution_tensor(p, what_p)
+    check_distribution_tensor(q, what_q)
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same shape [..., V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    crits = parse_criteria(criteria)
+    if not crits:
+        raise ValueError("criteria is empty: give at least one criterion spec, e.g. 'greedy'")
+    certs = certificates(p, crits, [divergence], from_logits=from_logits)
+    kl = kl_divergence(p, q, divergence, from_logits=from_logits)
+    token = q.argmax(-1)
+    p_token = normalized_probabilities(p, from_logits=from_logits).gather(-1, token.unsqueeze(-1)).squeeze(-1)
+    out = []
+    for c in crits:
+        rho = certs[(str(c), divergence)]
+        tau = c.threshold(p, from_logits=from_logits)
+        out.append(Certification(
+            criterion=str(c), divergence=divergence, token=token,
+            accepted=c.accept_from(p_token, tau),
+            certified=(kl < rho) | torch.isposinf(rho),
+            certificate=rho, kl=kl,
+        ))
+    return Certifications(out)
