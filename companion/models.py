@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from huggingface_hub.errors import HFValidationError
@@ -63,33 +63,85 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
+MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``None`` means bfloat16 on CUDA (the paper's models' native dtype) and float32 on CPU."""
+    """``None`` means bfloat16 on CUDA (the paper's models' native dtype) and float32 on CPU.
+
+    A name must be one of :data:`MODEL_DTYPES` (the floating dtypes a model computes in).
+    """
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
-        resolved = getattr(torch, dtype, None)
-        if not isinstance(resolved, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}")
-        return resolved
+        if dtype not in MODEL_DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(MODEL_DTYPES)}")
+        return getattr(torch, dtype)
     return dtype
 
 
+def looks_like_local_path(name: PathLike) -> bool:
+    """Whether ``name`` means a folder on this machine rather than a hub id.
+
+    An existing path is local; so is anything a hub id cannot be: an absolute path, one starting
+    with ``.`` or ``~``, or one with more than one ``/`` (hub ids are ``org/name``). A name such
+    as ``models/target`` that does not exist is ambiguous and counts as a hub id, as
+    ``from_pretrained`` treats it.
+    """
+    text = os.fspath(name)
+    return (Path(text).expanduser().exists() or os.path.isabs(text) or text.startswith((".", "~"))
+            or text.count("/") > 1 or "\\" in text)
+
+
+def local_folder_problem(name: PathLike, kind: str) -> str | None:
+    """Why the local folder ``name`` cannot hold a ``kind`` ("model" or "tokenizer"); None if it can.
+
+    A model folder needs ``config.json``; a tokenizer folder ``tokenizer.json`` or
+    ``tokenizer_config.json`` (what ``save_pretrained`` writes).
+    """
+    path = Path(os.fspath(name)).expanduser()
+    if not path.exists():
+        return "no such folder"
+    if not path.is_dir():
+        return "not a folder"
+    needed = ("config.json",) if kind == "model" else ("tokenizer.json", "tokenizer_config.json")
+    if not any((path / f).is_file() for f in needed):
+        return f"not a {kind} folder saved with save_pretrained (no {' or '.join(needed)} in it)"
+    return None
+
+
 def _unavailable(kind: str, name: str, err: Exception) -> WeightsUnavailableError:
+    """One line: what could not be loaded and what to do (a local path is never sent to the hub)."""
+    first = str(err).splitlines()[0] if str(err) else ""
+    if looks_like_local_path(name):
+        problem = local_folder_problem(name, kind) or f"{type(err).__name__}: {first}"
+        return WeightsUnavailableError(
+            f"Could not load the {kind} {name!r}: {problem}. Pass a folder written by save_pretrained "
+            f"(with its config.json and tokenizer files), or a hub id such as Qwen/Qwen3-1.7B.")
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("TRANSFORMERS_OFFLINE", "") not in ("", "0")
     return WeightsUnavailableError(
         f"Could not load the {kind} {name!r}: it is neither a local folder saved with save_pretrained nor in the "
-        f"local Hugging Face cache{' (HF_HUB_OFFLINE is set)' if offline else ''}, and it cannot be downloaded here.\n"
+        f"local Hugging Face cache{' (HF_HUB_OFFLINE is set)' if offline else ''}, and it cannot be downloaded here. "
         f"To fix: download it with `huggingface-cli download {name}` on a machine with network (then copy the cache, "
-        f"see HF_HOME, to this machine), or pass a local path to a folder containing it. "
-        f"Without large models, use load_pair(\"default\"), the embedded CPU pair.\n"
-        f"Underlying error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        f"see HF_HOME, to this machine), or pass a local path to a folder containing it; "
+        f"without large models, use the embedded CPU pair (load_pair(\"default\")). "
+        f"Underlying error: {type(err).__name__}: {first}"
     )
+
+
+def _check_local(kind: str, name: str) -> None:
+    """A local path must be a folder holding a ``kind`` before ``from_pretrained`` sees it (its errors
+    for an empty or wrong folder range from a hub lookup to a request to install protobuf)."""
+    if looks_like_local_path(name) and (problem := local_folder_problem(name, kind)) is not None:
+        raise WeightsUnavailableError(
+            f"Could not load the {kind} {name!r}: {problem}. Pass a folder written by save_pretrained "
+            f"(with its config.json and tokenizer files), or a hub id such as Qwen/Qwen3-1.7B.")
 
 
 def load_tokenizer(name_or_path: PathLike, **kwargs: Any) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained`` with a helpful error when it is not available offline."""
     name = os.fspath(name_or_path)
+    _check_local("tokenizer", name)
     try:
         return AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, HFValidationError) as err:  # HFValidationError: neither a folder nor a well-formed hub id
@@ -104,6 +156,7 @@ def load_model(
     name = os.fspath(name_or_path)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    _check_local("model", name)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dt, **kwargs)
     except (OSError, HFValidationError) as err:
@@ -120,18 +173,18 @@ def check_same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase
     if len(a) != len(b):
         raise ValueError(
             f"tokenizers differ: {names[0]} has {len(a)} tokens, {names[1]} has {len(b)}; "
-            "a drafter must share the target's vocabulary")
+            "the target, the drafter and the tokenizer must share one vocabulary")
     va, vb = a.get_vocab(), b.get_vocab()
     if va != vb:
         diff = sorted(set(va.items()) ^ set(vb.items()), key=lambda kv: kv[1])[:5]
         raise ValueError(
             f"tokenizers differ: {names[0]} and {names[1]} map tokens to different ids "
-            f"(first differences: {diff}); a drafter must share the target's vocabulary")
+            f"(first differences: {diff}); the target, the drafter and the tokenizer must share one vocabulary")
 
 
 def load_pair(
     target: PathLike = "default",
-    drafter: PathLike | None = None,
+    drafter: PathLike | None | Literal[False] = None,
     tokenizer: PathLike | None = None,
     *,
     device: str | torch.device | None = None,
@@ -141,11 +194,14 @@ def load_pair(
     """Load ``(target, drafter, tokenizer)``; models in eval mode on ``device`` in ``dtype``.
 
     ``target`` is a preset name (see :func:`preset_names`; ``"default"`` is the embedded pair and
-    brings its drafter), a hub id or a local folder. ``drafter`` None means no drafter (None is
-    returned in its place) unless the preset has one. The tokenizer comes from ``tokenizer`` if
-    given, else from the target; when there is a drafter, its own tokenizer must have the same
-    vocabulary (``ValueError`` otherwise). ``WeightsUnavailableError`` (an ``OSError``) says what to
-    do when something is not available offline.
+    brings its drafter), a hub id or a local folder. ``drafter`` None means the preset's drafter
+    (none for a hub id or folder); ``False`` means no drafter even when the preset has one (None
+    is then returned in its place). The tokenizer comes from ``tokenizer`` if given, else from
+    the target. Every tokenizer involved must have the same vocabulary: the drafter's own, and
+    the target folder's own when ``tokenizer`` names another one (``ValueError`` naming both
+    otherwise). Tokenizers are loaded and compared before any weights.
+    ``WeightsUnavailableError`` (an ``OSError``) says what to do when something is not available
+    offline.
     """
     target_name = os.fspath(target)
     if target_name in _PRESETS:
@@ -153,12 +209,16 @@ def load_pair(
         target_name = spec.target
         drafter = drafter if drafter is not None else spec.drafter
         tokenizer = tokenizer if tokenizer is not None else spec.tokenizer
-    tok = load_tokenizer(tokenizer if tokenizer is not None else target_name)
+    tok_name = os.fspath(tokenizer) if tokenizer is not None else target_name
+    tok = load_tokenizer(tok_name)
+    tok_label = f"target {target_name!r}" if tok_name == target_name else f"tokenizer {tok_name!r}"
+    if tok_name != target_name and local_folder_problem(target_name, "tokenizer") is None:
+        check_same_vocabulary(tok, load_tokenizer(target_name), (tok_label, f"target {target_name!r}"))
     draft_model = None
-    if drafter is not None:
+    if drafter is not None and drafter is not False:
         drafter_name = os.fspath(drafter)
         drafter_tok = load_tokenizer(drafter_name)
-        check_same_vocabulary(tok, drafter_tok, (target_name, drafter_name))
+        check_same_vocabulary(tok, drafter_tok, (tok_label, f"drafter {drafter_name!r}"))
         draft_model = load_model(drafter_name, device=device, dtype=dtype, **model_kwargs)
     target_model = load_model(target_name, device=device, dtype=dtype, **model_kwargs)
     return target_model, draft_model, tok

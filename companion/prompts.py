@@ -1,25 +1,37 @@
-"""Prompt sets: the default held-out prompts of the embedded pair, or any JSONL file of the same shape.
+"""Prompt sets: the default held-out prompts of the embedded pair, or a file of your own.
 
-A prompt file has one JSON object a line with fields ``prompt_id``, ``text``, ``n_tokens`` (length in
-the tokenizer the set was built for), ``source`` (file the text comes from) and ``line`` (1-based
-start line in it). The canonical serialisation (:func:`dumps_prompts`) is what the default file
-contains byte for byte, so :func:`prompt_set_digest` equals that file's sha256.
+A prompt file is either
+
+* **JSONL** (``.jsonl``, ``.json`` or ``.ndjson``): one JSON object a line. ``text`` (a non-empty
+  string) is required; ``prompt_id`` (default ``line-NNNNN``, the 1-based line number),
+  ``n_tokens`` (length in the tokenizer the set was built for; default -1, unknown, which
+  ``companion harvest`` fills in with its tokenizer), ``source`` (default: the file's name) and
+  ``line`` (default: the line number) are optional; other fields are ignored; or
+* **plain text** (any other name): one prompt a line, used as it is without its line break;
+  blank lines are skipped; ids are ``line-NNNNN``.
+
+The canonical serialisation (:func:`dumps_prompts`) is what the default file contains byte for
+byte, so :func:`prompt_set_digest` equals that file's sha256.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from companion.tiny_pair import ASSET_DIR
 
 PRESET_PROMPT_FILES: dict[str, Path] = {"default": ASSET_DIR / "prompts.jsonl"}
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+RECORD_FIELDS = "'text' (a non-empty string; optional: 'prompt_id', 'n_tokens', 'source', 'line')"
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: id, text, its token count in the set's tokenizer, and where it comes from."""
+    """One prompt: id, text, its token count in the set's tokenizer (-1: unknown), and where it comes from."""
 
     prompt_id: str
     text: str
@@ -38,25 +50,85 @@ def prompt_set_digest(prompts: list[Prompt]) -> str:
     return hashlib.sha256(dumps_prompts(prompts).encode("utf-8")).hexdigest()
 
 
-def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
-    """Load a prompt set: a preset name (``"default"``: the embedded pair's held-out prompts) or a JSONL path."""
+def prompt_file(name_or_path: str | Path) -> Path:
+    """The file of a prompt set: a preset's (``"default"``) or the path itself; ``FileNotFoundError`` if none."""
     key = str(name_or_path)
     path = PRESET_PROMPT_FILES.get(key, Path(name_or_path))
     if not path.is_file():
         known = ", ".join(sorted(PRESET_PROMPT_FILES))
-        raise FileNotFoundError(f"no prompt set {key!r}: not a preset ({known}) nor an existing JSONL file")
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
+        what = "a folder" if path.is_dir() else "not an existing file"
+        raise FileNotFoundError(f"no prompt set {key!r}: not a preset ({known}) and {what}")
+    return path
+
+
+def _lines(path: Path) -> Iterable[tuple[int, str]]:
+    """``(line number, text without its line break)`` of every line, each decoded as UTF-8."""
+    for n, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            yield n, raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{n}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                             "save the file as UTF-8") from None
+
+
+def _int_field(obj: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: not a prompt record: {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _record(obj: Any, path: Path, n: int) -> Prompt:
+    where = f"{path}:{n}"
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: not a prompt record: expected a JSON object with {RECORD_FIELDS}, "
+                         f"got {type(obj).__name__}")
+    text = obj.get("text")
+    if not isinstance(text, str) or not text:
+        got = f"keys {sorted(obj)}" if "text" not in obj else f"'text' = {text!r}"
+        raise ValueError(f"{where}: not a prompt record: needs {RECORD_FIELDS}, got {got}")
+    pid = obj.get("prompt_id", f"line-{n:05d}")
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)) or pid == "":
+        raise ValueError(f"{where}: not a prompt record: 'prompt_id' must be a non-empty string, got {pid!r}")
+    source = obj.get("source", path.name)
+    if not isinstance(source, str):
+        raise ValueError(f"{where}: not a prompt record: 'source' must be a string, got {source!r}")
+    return Prompt(str(pid), text, _int_field(obj, "n_tokens", -1, where), source, _int_field(obj, "line", n, where))
+
+
+def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
+    """Load a prompt set: a preset name (``"default"``: the embedded pair's held-out prompts) or a file.
+
+    JSONL or plain text by the file's suffix (see the module docstring). Raises
+    ``FileNotFoundError`` for a missing file and ``ValueError`` naming ``file:line`` for a line
+    that is not UTF-8, not JSON, not a prompt record, or repeats an earlier ``prompt_id``.
+    """
+    path = prompt_file(name_or_path)
+    prompts: list[Prompt] = []
+    jsonl = path.suffix.lower() in JSONL_SUFFIXES
+    first_line: dict[str, int] = {}
+    for n, line in _lines(path):
+        if not line.strip():
+            continue
+        if jsonl:
             try:
-                obj = json.loads(raw)
-                prompts.append(Prompt(obj["prompt_id"], obj["text"], int(obj["n_tokens"]), obj["source"],
-                                      int(obj.get("line", 0))))
-            except (KeyError, ValueError, TypeError) as err:
-                raise ValueError(f"{path}:{n}: not a prompt record ({err})") from err
-    ids = [p.prompt_id for p in prompts]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: duplicate prompt_id values")
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{n}: not valid JSON ({err.msg} at column {err.colno}); "
+                                 f"each line must be one JSON object with {RECORD_FIELDS}") from None
+            prompt = _record(obj, path, n)
+        else:
+            prompt = Prompt(f"line-{n:05d}", line, -1, path.name, n)
+        if prompt.prompt_id in first_line:
+            raise ValueError(f"{path}:{n}: duplicate prompt_id {prompt.prompt_id!r} "
+                             f"(first on line {first_line[prompt.prompt_id]})")
+        first_line[prompt.prompt_id] = n
+        prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts (the file has no non-blank line)")
     return prompts
+
+
+def with_token_counts(prompts: list[Prompt], count: Callable[[str], int]) -> list[Prompt]:
+    """``prompts`` with every unknown ``n_tokens`` (-1) set to ``count(text)``; known counts are kept."""
+    return [replace(p, n_tokens=count(p.text)) if p.n_tokens < 0 else p for p in prompts]

@@ -54,7 +54,18 @@ DEVICES = ("cpu", "cuda", "auto")
 
 
 class ReproduceError(Exception):
-    """A problem the user can fix: bad input, a failed notebook, a failed book build."""
+    """A problem the user can fix, found before anything ran: bad options, profile, table of contents.
+
+    The command line prints it as one line and exits with status 2, having written nothing.
+    """
+
+    exit_code = 2
+
+
+class RunFailure(ReproduceError):
+    """Something failed while running: a notebook, the book build. Exit status 1."""
+
+    exit_code = 1
 
 
 def _yaml() -> Any:
@@ -254,34 +265,146 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def declared_parameters(path: Path) -> set[str]:
-    """Names assigned in the notebook's papermill ``parameters`` cell (empty if it has none).
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class NotebookParameter:
+    """One name assigned in a notebook's ``parameters`` cell: its default as written and as a value.
+
+    ``value`` is the default evaluated as a Python literal, or ``_NO_DEFAULT`` when it is not a
+    literal (an expression, or one name of a tuple unpacking); ``comment`` is the comment at the
+    end of the assignment's line, else the comment lines right above it ("" if none).
+    """
+
+    name: str
+    source: str
+    value: Any
+    comment: str
+
+    @property
+    def has_literal_default(self) -> bool:
+        return self.value is not _NO_DEFAULT
+
+
+def _parameters_cell(path: Path) -> str | None:
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return str(cell.source)
+    return None
+
+
+def notebook_parameters(path: Path) -> dict[str, NotebookParameter]:
+    """The parameters a notebook declares in its papermill ``parameters`` cell, in order (empty if none).
 
     Read with ``ast`` rather than ``papermill.inspect_notebook``: papermill's line parser skips
     valid assignments whose comment contains ``=`` (e.g. ``vocab = 12  # needs V >= 10``),
     which would make a declared parameter look undeclared.
     """
     import ast
+    import io
+    import tokenize
 
-    import nbformat
+    source = _parameters_cell(path)
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise ReproduceError(f"{path.name}: the parameters cell is not valid Python: {err}") from err
+    comments: dict[int, str] = {}
+    full_line: set[int] = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+                if not tok.line[:tok.start[1]].strip():
+                    full_line.add(tok.start[0])
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    found: dict[str, NotebookParameter] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets, value = [node.target], node.value
+        else:
+            continue
+        comment = comments.get(node.end_lineno, "") if node.end_lineno not in full_line else ""
+        if not comment:
+            above, line = [], node.lineno - 1
+            while line in full_line:
+                above.insert(0, comments[line])
+                line -= 1
+            comment = " ".join(above)
+        text = ast.get_source_segment(source, value) if value is not None else ""
+        for target in targets:
+            single = isinstance(target, ast.Name) and value is not None and not isinstance(node, ast.AugAssign)
+            literal: Any = _NO_DEFAULT
+            if single:
+                try:
+                    literal = ast.literal_eval(value)
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    literal = _NO_DEFAULT
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name):
+                    shown = (text or "") if single else f"(set by: {ast.get_source_segment(source, node)})"
+                    found[leaf.id] = NotebookParameter(leaf.id, shown, literal, comment)
+    return found
 
-    nb = nbformat.read(str(path), as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            try:
-                tree = ast.parse(cell.source)
-            except SyntaxError as err:
-                raise ReproduceError(f"{path.name}: the parameters cell is not valid Python: {err}") from err
-            names: set[str] = set()
-            for node in tree.body:
-                targets = node.targets if isinstance(node, ast.Assign) else (
-                    [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
-                for target in targets:
-                    for leaf in ast.walk(target):
-                        if isinstance(leaf, ast.Name):
-                            names.add(leaf.id)
-            return names
-    return set()
+
+def declared_parameters(path: Path) -> set[str]:
+    """Names assigned in the notebook's papermill ``parameters`` cell (empty if it has none)."""
+    return set(notebook_parameters(path))
+
+
+_TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+def _kind(value: Any) -> type | None:
+    """The parameter type a value belongs to: bool, int, float, str, list (lists and tuples), dict; else None."""
+    for t in (bool, int, float, str, dict):
+        if isinstance(value, t):
+            return t
+    if isinstance(value, (list, tuple)):
+        return list
+    return None
+
+
+def value_fits_default(value: Any, default: Any) -> bool:
+    """Whether ``value`` may replace a parameter whose default is ``default``.
+
+    The rule: same kind as the default among bool, int, float, str, list, dict, except that an
+    integer fits a float default; a None default (or one of another type) accepts anything;
+    a list whose default's items are all of one kind must have items of that kind.
+    """
+    want = _kind(default)
+    if default is None or want is None:
+        return True
+    got = _kind(value)
+    if want is float and got is int:
+        return True
+    if got is not want:
+        return False
+    if want is list and default:
+        kinds = {_kind(x) for x in default}
+        if len(kinds) == 1:
+            (item,) = kinds
+            return all(value_fits_default(x, default[0]) for x in value) if item is not None else True
+    return True
+
+
+def _type_error(value: Any, param: NotebookParameter, chapter: str) -> str:
+    want = _TYPE_NAMES.get(_kind(param.value) or object, type(param.value).__name__)
+    if _kind(param.value) is list and param.value and _kind(value) is list:
+        want = f"a list of {_TYPE_NAMES[_kind(param.value[0])].split(' (')[0].removeprefix('an ').removeprefix('a ')}s"
+    hint = ' (quote it to pass a string: \'"..."\')' if isinstance(param.value, str) else ""
+    return (f"{chapter} expects {want} for {param.name} (its default is {param.source}), "
+            f"got {value!r}{hint}")
 
 
 def plan_parameters(
@@ -290,12 +413,16 @@ def plan_parameters(
     profile: Profile,
     overrides: dict[str, Any],
     all_names: list[str],
+    defaults: dict[str, dict[str, NotebookParameter]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The parameters to inject into each chapter: profile-wide values the notebook declares,
     then the profile's values for that chapter, then the command-line overrides.
 
     Profile-wide values a notebook does not declare are skipped silently (chapters share one
     profile); anything named explicitly for a chapter, or on the command line, must be declared.
+    With ``defaults`` (:func:`notebook_parameters` of each chapter), every value must fit the
+    type of the notebook's default (:func:`value_fits_default`), so a mistyped value is refused
+    before any notebook runs.
     """
     unknown = set(profile.notebooks) - set(all_names)
     if unknown:
@@ -315,6 +442,12 @@ def plan_parameters(
         params.update({k: v for k, v in overrides.items() if k in names})
         if "device" in params and params["device"] not in DEVICES:
             raise ReproduceError(f"{chapter.name}: device must be one of {DEVICES}, got {params['device']!r}")
+        for name, value in params.items():
+            param = (defaults or {}).get(chapter.name, {}).get(name)
+            if param is not None and param.has_literal_default and not value_fits_default(value, param.value):
+                origin = (f"-p {name} {value!r}" if name in overrides else
+                          f"profile {profile.name!r} sets {name} to {value!r}")
+                raise ReproduceError(f"{origin}: {_type_error(value, param, chapter.name)}")
         plans[chapter.name] = params
     for key in overrides:
         if not any(key in declared[c.name] for c in chapters):
@@ -488,7 +621,7 @@ def execute_chapter(
                 layout.failed.mkdir(parents=True, exist_ok=True)
                 os.replace(out, layout.failed / out.name)
                 kept = f" (partial notebook: {(layout.failed / out.name).relative_to(layout.root)})"
-            raise ReproduceError(f"notebook {chapter.name} failed: {_error_summary(err)}{kept}") from err
+            raise RunFailure(f"notebook {chapter.name} failed: {_error_summary(err)}{kept}") from err
     seconds = time.perf_counter() - start
     layout.executed.mkdir(parents=True, exist_ok=True)
     os.replace(out, layout.executed / out.name)
@@ -508,7 +641,7 @@ def publish_figures(chapter: str, files: list[Path], record: RunRecord, target: 
     for name in names:
         owner = record.figure_owner(name)
         if owner is not None and owner != chapter:
-            raise ReproduceError(f"figure {name!r} written by {chapter} was already written by {owner}")
+            raise RunFailure(f"figure {name!r} written by {chapter} was already written by {owner}")
     target.mkdir(parents=True, exist_ok=True)
     old = record.chapters.get(chapter)
     for name in (old.figures if old else []):
@@ -607,7 +740,7 @@ def probe_modules(modules: list[str], root: Path) -> dict[str, tuple[str, str]]:
     done = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True, text=True,
                           env=env, cwd=root)
     if done.returncode != 0:
-        raise ReproduceError(f"probing the API modules failed:\n{done.stderr[-2000:]}")
+        raise RunFailure(f"probing the API modules failed:\n{done.stderr[-2000:]}")
     lines = done.stdout.strip().splitlines()
     return {k: (v[0], v[1]) for k, v in json.loads(lines[-1]).items()}
 
@@ -787,12 +920,12 @@ def build_book(layout: Layout, log: Any = print, keep_work: bool = False) -> Pat
     if done.returncode != 0 or not (built / "index.html").is_file():
         issues = [ln for ln in output.splitlines() if re.search(r"WARNING|ERROR|Error", ln)]
         detail = "\n".join(issues[-30:]) or output[-3000:]
-        raise ReproduceError(f"book build failed (full log: {logfile}, sources: {stage}):\n{detail}")
+        raise RunFailure(f"book build failed (full log: {logfile}, sources: {stage}):\n{detail}")
     remote = find_remote_resources(built)
     if remote:
-        raise ReproduceError("built pages load resources from other hosts:\n" + "\n".join(remote[:30]))
+        raise RunFailure("built pages load resources from other hosts:\n" + "\n".join(remote[:30]))
     if not (built / "_static" / "mathjax" / "tex-chtml.js").is_file():
-        raise ReproduceError("offline MathJax was not copied into the build (is sphinx-mathjax-offline installed?)")
+        raise RunFailure("offline MathJax was not copied into the build (is sphinx-mathjax-offline installed?)")
     _swap_into_place(built, layout.html, work)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
@@ -829,8 +962,10 @@ def reproduce(
     for chapter in absent:
         log(f"skipping {chapter.name}: {chapter.path.relative_to(layout.root)} does not exist yet")
     runnable = [c for c in selected if c.exists]
-    declared = {c.name: declared_parameters(c.path) for c in runnable}
-    plans = plan_parameters(runnable, declared, profile, overrides, [c.name for c in chapters])
+    parameters = {c.name: notebook_parameters(c.path) for c in runnable}
+    declared = {name: set(params) for name, params in parameters.items()}
+    plans = plan_parameters(runnable, declared, profile, overrides, [c.name for c in chapters], parameters)
+    devices = {c.name: describe_device(plans[c.name].get("device")) for c in runnable}  # refuse before running
 
     layout.work.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=layout.work))
@@ -843,7 +978,7 @@ def reproduce(
     try:
         for i, chapter in enumerate(runnable, 1):
             params = dict(plans[chapter.name])
-            device, device_name = describe_device(params.get("device"))
+            device, device_name = devices[chapter.name]
             if device is not None:
                 params["device"] = device
             shown = ", ".join(f"{k}={v!r}" for k, v in sorted(params.items())) or "notebook defaults"
@@ -871,7 +1006,7 @@ def reproduce(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
-        raise ReproduceError(f"{len(failures)} notebook(s) failed:\n" + "\n".join(failures))
+        raise RunFailure(f"{len(failures)} notebook(s) failed:\n" + "\n".join(failures))
     if build:
         build_book(layout, log)
     return record
@@ -888,12 +1023,20 @@ def _layout_from_args(args: argparse.Namespace) -> Layout:
 
 
 def _list_chapters(layout: Layout) -> int:
+    """Every chapter with its parameters: name, default as written, and the comment beside it."""
     for chapter in read_chapters(layout.root):
-        if chapter.exists:
-            names = ", ".join(sorted(declared_parameters(chapter.path))) or "(no parameters cell)"
-            print(f"{chapter.name:28s} parameters: {names}")
-        else:
-            print(f"{chapter.name:28s} (notebook not written yet)")
+        if not chapter.exists:
+            print(f"{chapter.name}  (notebook not written yet)")
+            continue
+        params = notebook_parameters(chapter.path)
+        if not params:
+            print(f"{chapter.name}  (no parameters cell)")
+            continue
+        print(chapter.name)
+        width = max((len(f"{p.name} = {p.source}") for p in params.values() if p.comment), default=0)
+        for p in params.values():
+            line = f"{p.name} = {p.source}"
+            print(f"    {line:{width}s}  # {p.comment}" if p.comment else f"    {line}")
     print("profiles: " + ", ".join(available_profiles(layout.root)))
     return 0
 
@@ -908,7 +1051,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
                   keep_going=args.keep_going, require_all=args.require_all, cell_timeout=args.cell_timeout)
     except ReproduceError as err:
         print(f"companion reproduce: error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     return 0
 
 
@@ -917,7 +1060,7 @@ def _cmd_build_book(args: argparse.Namespace) -> int:
         build_book(_layout_from_args(args), keep_work=args.keep_stage)
     except ReproduceError as err:
         print(f"companion build-book: error: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     return 0
 
 
@@ -939,7 +1082,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS", help="limit per cell")
     p.add_argument("--figures-dir", default=None, help="where figures go (default: figures/ at the root)")
     p.add_argument("--root", default=None, help="project root (default: found from the working directory)")
-    p.add_argument("--list", action="store_true", help="list chapters, their parameters and the profiles")
+    p.add_argument("--list", action="store_true",
+                   help="list chapters, their parameters (default and comment) and the profiles")
     p.set_defaults(func=_cmd_reproduce)
 
     b = subparsers.add_parser(

@@ -6,6 +6,7 @@ downloaded and the embedded pair is not needed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -370,6 +371,85 @@ def test_bad_inputs_and_refusals(pair, tmp_path) -> None:
     # The same configuration again: nothing to do, nothing changes in the rows.
     again = harvest(target, drafter, tok, TEXTS[:2], tmp_path / "e", n_steps=3, progress=False)
     assert again["status"] == "complete" and len(again["runs"]) == 1
+
+
+def test_thread_count_and_numerics_are_part_of_the_configuration(pair, tmp_path) -> None:
+    # CPU float reductions are split across threads: one and two threads may differ in the last
+    # bits, so a resume with another thread count would mix two programs' rows. It is refused.
+    target, drafter, tok = pair
+    first = harvest(target, drafter, tok, TEXTS[:2], tmp_path / "t", n_steps=2, progress=False)
+    numerics = first["config"]["numerics"]
+    assert numerics["torch_threads"] == 1 and numerics["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    before = (tmp_path / "t" / "manifest.json").read_bytes()
+    torch.set_num_threads(2)
+    with pytest.raises(HarvestConfigError) as info:
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "t", n_steps=2, progress=False)
+    assert str(info.value) == (f"{tmp_path / 't'} already holds a harvest with a different configuration "
+                               "(numerics.torch_threads: existing 1, now 2): use another output directory, "
+                               f"or delete {tmp_path / 't'} to start over")
+    assert (tmp_path / "t" / "manifest.json").read_bytes() == before
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:  # one byte in the middle of the file: inside a compressed data page
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+@pytest.mark.parametrize("recorded", [True, False], ids=["in-manifest", "killed-before-recording"])
+def test_damaged_shard_is_named_on_load_and_recomputed_on_resume(pair, tmp_path, capsys, how, recorded) -> None:
+    target, drafter, tok = pair
+    out = tmp_path / "h"
+    kwargs = dict(n_steps=6, batch_size=2, progress=False, stop_at_eos=False)
+    first = harvest(target, drafter, tok, TEXTS[:6], out, **kwargs)
+    reference = load_traces(out)
+    assert all(s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest() for s in first["shards"])
+    bad = out / first["shards"][1]["file"]
+    if not recorded:  # as after a SIGKILL: the shard is there, the manifest does not list it yet
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["status"], manifest["shards"] = "running", manifest["shards"][:1]
+        (out / "manifest.json").write_text(json.dumps(manifest))
+    _damage(bad, how)
+
+    with pytest.raises(ValueError) as info:
+        load_traces(out, allow_incomplete=not recorded)
+    assert str(info.value).startswith(f"{bad} is damaged (")
+    assert str(info.value).endswith("): rerun the harvest command to recompute it")
+    if recorded:
+        assert "the manifest records" in str(info.value)
+
+    capsys.readouterr()
+    again = harvest(target, drafter, tok, TEXTS[:6], out, **kwargs)
+    err = capsys.readouterr().err
+    assert err.startswith(f"companion harvest: {bad} is damaged (") and err.endswith("); recomputing shard 1\n")
+    assert again["status"] == "complete" and again["runs"][-1]["rows"] == 2 * 6
+    _assert_tables_equal(load_traces(out), reference)
+    # The recomputed shard's rows are bit-identical (above); its file differs (it records its compute
+    # time), and the manifest now holds that file's sha256.
+    assert all(s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest() for s in again["shards"])
+    assert [s["sha256"] for s in again["shards"]][::2] == [s["sha256"] for s in first["shards"]][::2]
+
+
+def test_default_preset_no_drafter_is_target_only(tmp_path, capsys) -> None:
+    from companion.cli import main
+    from companion.harvest.schema import arrow_schema
+    from companion.tiny_pair import ASSET_DIR
+
+    if not (ASSET_DIR / "target" / "config.json").exists():
+        pytest.skip("the embedded pair is not in this checkout")
+    out = tmp_path / "paper-setting"
+    assert main(["harvest", "--out", str(out), "--no-drafter", "--n-prompts", "2", "--steps", "4", "--threads", "1",
+                 "--no-progress"]) == 0
+    manifest = read_manifest(out)
+    table = load_traces(out)
+    assert manifest["config"]["drafter"] is None and manifest["config"]["drafter_dtype"] is None
+    target_only = arrow_schema(list(PAPER_CRITERIA), list(WIDTHS), False, 64).names
+    assert manifest["schema"] == table.column_names == target_only
+    assert not any(c.startswith(("kl_", "accepted[", "covered[", "draft_")) for c in table.column_names)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -82,12 +82,69 @@ def test_vocab_map_mismatch_raises(tmp_path: Path) -> None:
 
 
 def test_missing_local_folder_gives_helpful_error(tmp_path: Path) -> None:
+    # A local path is never sent to the hub, nor suggested for download.
     missing = tmp_path / "no" / "such" / "model"
     with pytest.raises(WeightsUnavailableError) as info:
         load_pair(target=missing)
-    msg = str(info.value)
-    assert str(missing) in msg and "huggingface-cli download" in msg and "local path" in msg
+    assert str(info.value) == (
+        f"Could not load the tokenizer '{missing}': no such folder. Pass a folder written by save_pretrained "
+        "(with its config.json and tokenizer files), or a hub id such as Qwen/Qwen3-1.7B.")
     assert isinstance(info.value, OSError)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(WeightsUnavailableError, match="no tokenizer.json or tokenizer_config.json in it"):
+        load_pair(target=empty)
+    with pytest.raises(WeightsUnavailableError, match=r"not a model folder saved with save_pretrained \(no config.json"):
+        cm.load_model(empty)
+
+
+@pytest.mark.parametrize("name, local", [
+    ("/abs/path", True), ("./rel", True), ("../up/model", True), ("~/models/x", True), ("a/b/c", True),
+    ("Qwen/Qwen3-1.7B", False), ("gpt2", False), ("models/target", False),
+])
+def test_local_paths_and_hub_ids(name: str, local: bool) -> None:
+    assert cm.looks_like_local_path(name) is local
+
+
+def test_an_existing_folder_is_local_whatever_its_name(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "models" / "target").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert cm.looks_like_local_path("models/target")
+
+
+def test_drafter_false_overrides_the_presets(tmp_path: Path) -> None:
+    t = _save_tiny(tmp_path / "t", VOCAB)
+    d = _save_tiny(tmp_path / "d", VOCAB, seed=1)
+    cm.register_preset("test-with-drafter", str(t), str(d))
+    try:
+        assert load_pair("test-with-drafter")[1] is not None
+        assert load_pair("test-with-drafter", False)[1] is None
+    finally:
+        cm._PRESETS.pop("test-with-drafter", None)
+
+
+def test_tokenizer_mismatch_names_the_tokenizer_given(tmp_path: Path) -> None:
+    t = _save_tiny(tmp_path / "t", VOCAB)
+    d = _save_tiny(tmp_path / "d", VOCAB, seed=1)
+    other = tmp_path / "tok"
+    _tokenizer(VOCAB + ["extra"]).save_pretrained(other)
+    with pytest.raises(ValueError) as info:
+        load_pair(t, d, other)
+    assert str(info.value) == (f"tokenizers differ: tokenizer '{other}' has 33 tokens, target '{t}' has 32; "
+                               "the target, the drafter and the tokenizer must share one vocabulary")
+    bare = tmp_path / "bare"  # a target folder without a tokenizer: only the drafter's is compared
+    torch.manual_seed(0)
+    Qwen3ForCausalLM.from_pretrained(t).save_pretrained(bare)
+    with pytest.raises(ValueError) as info:
+        load_pair(bare, d, other)
+    assert str(info.value).startswith(f"tokenizers differ: tokenizer '{other}' has 33 tokens, drafter '{d}' has 32")
+
+
+def test_model_dtypes_only() -> None:
+    with pytest.raises(ValueError, match="unknown dtype 'float8': expected one of bfloat16, float16, float32, float64"):
+        cm.resolve_dtype("float8", torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        cm.resolve_dtype("int8", torch.device("cpu"))
 
 
 def test_offline_hub_id_gives_helpful_error(tmp_path: Path) -> None:

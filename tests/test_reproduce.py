@@ -265,13 +265,108 @@ def test_only_reruns_one_chapter_and_keeps_the_others(make_project) -> None:
 
 
 def test_cli_errors_are_clear(make_project, capsys) -> None:
+    # Refusals (nothing ran) exit with 2, as argparse's own; a failed run exits with 1 (above).
     root = make_project("01_missing")
-    assert cli.main(["reproduce", "--root", str(root), "--profile", "nope"]) == 1
+    assert cli.main(["reproduce", "--root", str(root), "--profile", "nope"]) == 2
     assert "unknown profile 'nope'" in capsys.readouterr().err
-    assert cli.main(["reproduce", "--root", str(root), "--only", "01"]) == 1
+    assert cli.main(["reproduce", "--root", str(root), "--only", "01"]) == 2
     assert "missing notebook(s): notebooks/01_missing.ipynb" in capsys.readouterr().err
-    assert cli.main(["reproduce", "--root", str(root), "--only", "05"]) == 1
+    assert cli.main(["reproduce", "--root", str(root), "--only", "05"]) == 2
     assert "not a chapter in _toc.yml" in capsys.readouterr().err
+
+
+# --- parameter defaults: listed with their comments, and the type every value must fit ------
+
+def test_notebook_parameters_read_defaults_and_comments(tmp_path: Path) -> None:
+    from companion.reproduce import notebook_parameters
+
+    path = write_notebook(tmp_path / "n.ipynb",
+                          "seed = 0\n"
+                          "# the vocabulary of the random targets\n"
+                          "vocab = 12   # top-k with k = 10 needs V >= 10\n"
+                          "# two lines\n# of comment\nrate: float = 0.5\n"
+                          "widths = [1, 2, 4]\n"
+                          "where = None  # a folder, or None\n"
+                          "n = 2 * 8\n"
+                          "a, (b, c) = 1, (2, 3)")
+    params = notebook_parameters(path)
+    assert list(params) == ["seed", "vocab", "rate", "widths", "where", "n", "a", "b", "c"]
+    assert (params["seed"].source, params["seed"].value, params["seed"].comment) == ("0", 0, "")
+    assert (params["vocab"].value, params["vocab"].comment) == (12, "top-k with k = 10 needs V >= 10")
+    assert (params["rate"].value, params["rate"].comment) == (0.5, "two lines of comment")
+    assert params["widths"].value == [1, 2, 4] and params["where"].value is None
+    assert params["where"].comment == "a folder, or None"
+    assert params["n"].source == "2 * 8" and not params["n"].has_literal_default
+    assert not params["b"].has_literal_default and params["b"].source == "(set by: a, (b, c) = 1, (2, 3))"
+
+
+@pytest.mark.parametrize("default, value, fits", [
+    (64, 8, True), (64, "abc", False), (64, 8.0, False), (64, True, False),
+    (0.3, 1, True), (0.3, 0.5, True), (0.3, "x", False), (0.3, False, False),
+    (True, False, True), (True, 1, False), (True, "yes", False),
+    ("cpu", "cuda", True), ("", 5, False), ("x", None, False),
+    ([1, 2], [4], True), ([1, 2], [], True), ([1, 2], ["a"], False), ([1, 2], 3, False),
+    ([0.5, 1.0], [1, 2], True), (["greedy"], ["topm:2"], True), (["greedy"], [1], False),
+    ([1, "a"], ["b", 2, 3.0], True), ({"a": 1}, {"b": 2}, True), ({"a": 1}, [1], False),
+    (None, "anything", True), (None, 3, True), (None, [1], True),
+])
+def test_value_fits_default(default, value, fits) -> None:
+    from companion.reproduce import value_fits_default
+
+    assert value_fits_default(value, default) is fits
+
+
+def test_mistyped_values_are_refused_before_running(make_project, capsys) -> None:
+    root = make_project("07_eval")
+    write_notebook(root / "notebooks" / "07_eval.ipynb",
+                   'device = "cpu"\nn_prompts = 64  # the paper: 500\nwidths = [1, 2]\nbudget = 0.02\ntraces_dir = ""',
+                   "raise RuntimeError('must not run')")
+    layout = Layout.at(root)
+    cases = {
+        ("n_prompts", "abc"): "-p n_prompts 'abc': 07_eval expects an integer for n_prompts (its default is 64), "
+                              "got 'abc'",
+        ("widths", "[a]"): "-p widths ['a']: 07_eval expects a list of integers for widths (its default is [1, 2]), "
+                           "got ['a']",
+        ("traces_dir", "5"): "-p traces_dir 5: 07_eval expects a string for traces_dir (its default is \"\"), got 5 "
+                             "(quote it to pass a string: '\"...\"')",
+    }
+    for (name, value), message in cases.items():
+        with pytest.raises(ReproduceError) as info:
+            reproduce(layout, "cpu", {name: parse_value(value)}, build=False, **QUIET)
+        assert str(info.value) == message
+    assert not layout.build.exists()
+    # An integer where a float is expected, and the profile's own values, pass the check.
+    from companion.reproduce import notebook_parameters
+
+    chapter = read_chapters(root)
+    params = {"07_eval": notebook_parameters(chapter[0].path)}
+    plans = plan_parameters(chapter, {"07_eval": set(params["07_eval"])}, load_profile(root, "cpu"),
+                            {"budget": 1, "n_prompts": 3}, ["07_eval"], params)
+    assert plans == {"07_eval": {"device": "cpu", "budget": 1, "n_prompts": 3}}
+    # A profile's value is checked too, and named as the profile's.
+    bad = Profile("mine", parameters={"n_prompts": "many"})
+    with pytest.raises(ReproduceError, match="^profile 'mine' sets n_prompts to 'many': 07_eval expects an integer"):
+        plan_parameters(chapter, {"07_eval": set(params["07_eval"])}, bad, {}, ["07_eval"], params)
+
+
+def test_shipped_profiles_fit_the_notebooks_defaults() -> None:
+    from companion.reproduce import notebook_parameters
+
+    chapters = [c for c in read_chapters(ROOT) if c.exists]
+    params = {c.name: notebook_parameters(c.path) for c in chapters}
+    for name in ("cpu", "gpu"):
+        plan_parameters(chapters, {k: set(v) for k, v in params.items()}, load_profile(ROOT, name), {},
+                        [c.name for c in chapters], params)
+
+
+def test_list_shows_defaults_and_comments(make_project, capsys) -> None:
+    root = make_project("01_a", "02_not_written")
+    write_notebook(root / "notebooks" / "01_a.ipynb", "seed = 0\nn_points = 3   # points on the curve")
+    assert cli.main(["reproduce", "--root", str(root), "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:4] == ["01_a", "    seed = 0", "    n_points = 3  # points on the curve",
+                       "02_not_written  (notebook not written yet)"]
+    assert out[-1] == "profiles: cpu, gpu"
 
 
 # --- README, environment.yml and requirements.txt stay in sync with the code -----------------

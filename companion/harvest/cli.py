@@ -8,22 +8,85 @@ Examples::
 
 Rerunning the same command resumes an interrupted harvest; a different configuration into the
 same ``--out`` is refused.
+
+Every mistake that can be found without the models (options, folders, the prompt file, the
+output folder, the device) is found before they load, and ends the command with one line on
+standard error and exit status 2, having written nothing. Ctrl-C ends it with status 130 and
+a line that says how far it got; rerunning the same command resumes.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from companion.harvest.presets import PRESETS
 
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
+EXIT_REFUSED = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+
+
+class Refusal(Exception):
+    """A mistake found before anything is written: one line for the user, exit status 2."""
+
+
+# -------------------------------------------------------------------------------------------------
+# Option types: checked while parsing, so a bad value never reaches the models
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
 
 def _csv_ints(text: str) -> list[int]:
+    """Tree widths: comma-separated positive integers, each once."""
+    items = [x.strip() for x in text.split(",")]
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+        widths = [int(x) for x in items]
+    except ValueError:
+        widths = []
+    if not widths or any(m < 1 for m in widths):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,2,4,8, got {text!r}")
+    if len(set(widths)) != len(widths):
+        raise argparse.ArgumentTypeError(f"each tree width once, got {text!r}")
+    return widths
+
+
+def _criteria_specs(text: str) -> list[str]:
+    """Criterion specs, ';'-separated, each parsed now (the engine's own message names a bad one)."""
+    from companion.criteria import parse_criterion
+
+    specs = [s.strip() for s in text.split(";") if s.strip()]
+    if not specs:
+        raise argparse.ArgumentTypeError(f"expected criterion specs separated by ';' such as greedy;additive:0.3, "
+                                         f"got {text!r}")
+    for spec in specs:
+        try:
+            parse_criterion(spec)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return specs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "prefixes, and write one row per step (top-k, margin, entropy, certificates of every criterion "
                     "and tree width, KL both ways, TV, acceptance and certification of the drafter's token) to "
                     "Parquet shards with a JSON manifest. Rerun the same command to resume. Under `accelerate "
-                    "launch` or `torchrun` the prompts are split across processes.",
+                    "launch` or `torchrun` the prompts are split across processes. Exit status: 0 complete, 1 "
+                    "incomplete or failed while writing, 2 refused (nothing written), 130 interrupted.",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory (created; resumed if it holds this harvest)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
@@ -44,136 +108,317 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter", help="drafter model: hub id or local folder (overrides the preset)")
     p.add_argument("--no-drafter", action="store_true", help="target-side statistics only (the paper's setting)")
     p.add_argument("--tokenizer", help="tokenizer (default: the preset's, else the target's)")
-    p.add_argument("--prompts", help="prompt set: a name (default) or a JSONL file in companion.prompts format, used verbatim")
+    p.add_argument("--prompts", help="prompt set: a name (default), a JSONL file (one object a line with 'text', "
+                                     "optionally 'prompt_id', 'n_tokens', 'source', 'line') or a text file "
+                                     "(one prompt a line)")
     p.add_argument("--ultrachat", type=Path,
                    help="UltraChat-200k train_sft as local Parquet file(s) or JSONL, instead of the `datasets` library")
-    p.add_argument("--n-prompts", type=int, help="number of prompts (default: the preset's; for a prompt set: its first N)")
-    p.add_argument("--min-prompt-tokens", type=int, help="UltraChat selection: minimum templated prompt length")
+    p.add_argument("--n-prompts", type=_positive_int,
+                   help="number of prompts (default: the preset's; for a prompt set: its first N)")
+    p.add_argument("--min-prompt-tokens", type=_nonnegative_int,
+                   help="UltraChat selection: minimum templated prompt length")
     p.add_argument("--enable-thinking", action="store_true", help="UltraChat: Qwen3 thinking mode on (default off)")
-    p.add_argument("--write-prompts", type=Path, help="also save the prompt set used as JSONL (to reuse with --prompts)")
-    p.add_argument("--steps", type=int, help="greedy steps per prompt (default: the preset's, 128)")
-    p.add_argument("--criteria", action="append", metavar="SPECS",
+    p.add_argument("--write-prompts", type=Path,
+                   help="also save the prompt set used as JSONL (to reuse with --prompts), once the harvest ends")
+    p.add_argument("--steps", type=_positive_int, help="greedy steps per prompt (default: the preset's, 128)")
+    p.add_argument("--criteria", type=_criteria_specs, action="append", metavar="SPECS",
                    help="criterion specs, ';'-separated or repeated (default: the paper's: "
                         "greedy;additive:0.3;multiplicative:0.1;typical:0.09,0.3;topk-delta:10,0.6;topm:4)")
     p.add_argument("--tree-widths", type=_csv_ints, help="tree widths m, comma-separated (default 1,2,4,8)")
-    p.add_argument("--top-k", type=int, default=64, help="target probabilities kept per step (default 64)")
-    p.add_argument("--batch-size", type=int, help="prompts per batch (default 32 on CUDA, 8 on the CPU)")
-    p.add_argument("--prompts-per-shard", type=int, help="prompts per Parquet shard (default: the batch size)")
-    p.add_argument("--chunk-steps", type=int, help="steps reduced to statistics at a time (default: ~256 rows on CUDA, 1 on CPU)")
-    p.add_argument("--device", help="cuda, cuda:1, cpu (default: CUDA when present; one GPU per process when launched)")
-    p.add_argument("--dtype", help="bfloat16, float16, float32 (default: bfloat16 on CUDA, float32 on the CPU)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--top-k", type=_positive_int, default=64, help="target probabilities kept per step (default 64)")
+    p.add_argument("--batch-size", type=_positive_int, help="prompts per batch (default 32 on CUDA, 8 on the CPU)")
+    p.add_argument("--prompts-per-shard", type=_positive_int,
+                   help="prompts per Parquet shard (default: the batch size)")
+    p.add_argument("--chunk-steps", type=_positive_int,
+                   help="steps reduced to statistics at a time (default: ~256 rows on CUDA, 1 on CPU)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: CUDA when present; one GPU per process "
+                                    "when launched)")
+    p.add_argument("--dtype", choices=MODEL_DTYPES,
+                   help="model dtype (default: bfloat16 on CUDA, float32 on the CPU)")
+    p.add_argument("--threads", type=_positive_int,
+                   help="torch CPU threads (default: torch's; part of the configuration: it changes the last bits)")
     p.add_argument("--seed", type=int, help="seed of the prompt sample (default: the preset's, 0)")
     p.add_argument("--no-stop-at-eos", action="store_true", help="decode all steps even past an EOS token")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_harvest)
 
 
+# -------------------------------------------------------------------------------------------------
+# The command
+
+
+def _say(message: str) -> None:
+    """One line on standard error, from the main process only (every process finds the same mistakes)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"companion harvest: {message}", file=sys.stderr)
+
+
 def cmd_harvest(args: argparse.Namespace) -> int:
+    """Check everything that can be checked, load the models, harvest; see the module docstring for exit codes."""
+    stage = {"harvest_started": False}
+    try:
+        return _harvest(args, stage)
+    except Refusal as err:
+        _say(str(err))
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        _say(_interrupted_message(args.out, stage["harvest_started"]))
+        return EXIT_INTERRUPTED
+
+
+def _interrupted_message(out: Path, harvest_started: bool) -> str:
+    from companion.harvest.store import read_manifest
+
+    if harvest_started:
+        try:
+            manifest = read_manifest(out)
+        except (OSError, ValueError):
+            manifest = None
+        if manifest is not None and manifest.get("status") in ("interrupted", "complete"):
+            done = manifest["totals"]["shards"]
+            total = done + len(manifest.get("missing_shards", []))
+            return (f"interrupted: {done} of {total} shards are complete in {out}; "
+                    "rerun the same command to resume")
+    return f"interrupted before the harvest wrote anything to {out}; rerun the same command to start it"
+
+
+@dataclass
+class _Plan:
+    """What the options resolve to, before any model is loaded."""
+
+    target: str
+    drafter: str | None
+    tokenizer: str | None
+    prompts: Any  # a list of Prompt, or None: selected from UltraChat once the tokenizer is loaded
+    prompt_set_name: str
+    n_steps: int
+    criteria: list[str]
+    tree_widths: list[int]
+    seed: int
+
+
+def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     import torch
 
     from companion.harvest import presets as pr
+
+    preset = pr.get_preset(args.preset)
+    plan = _plan(args, preset)
+    _check_out(args.out)
+    if args.write_prompts is not None:
+        _check_new_file(args.write_prompts, "--write-prompts")
+    _check_device(args.device)
+
+    # Nothing can be found wrong without the models from here on.
     from companion.harvest.core import distributed_context, harvest
     from companion.harvest.store import HarvestConfigError
-    from companion.models import WeightsUnavailableError, load_pair, resolve_dtype
-    from companion.prompts import dumps_prompts, load_prompts
+    from companion.models import WeightsUnavailableError, load_pair, load_tokenizer
+    from companion.prompts import dumps_prompts, with_token_counts
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    preset = pr.get_preset(args.preset)
     dist = distributed_context()
     device = _device(args.device, dist.local_rank, dist.world)
-    dtype = resolve_dtype(args.dtype, device)
-    seed = preset.seed if args.seed is None else args.seed
+    try:
+        prompts = plan.prompts
+        if prompts is None:  # UltraChat: the selection measures lengths in the target's tokenizer
+            tokenizer = load_tokenizer(plan.tokenizer or plan.target)
+            prompts = pr.select_ultrachat_prompts(
+                pr.ultrachat_rows(args.ultrachat), tokenizer,
+                n=args.n_prompts if args.n_prompts is not None else (preset.n_prompts or 500),
+                min_tokens=preset.min_prompt_tokens if args.min_prompt_tokens is None else args.min_prompt_tokens,
+                seed=plan.seed, enable_thinking=args.enable_thinking or preset.enable_thinking)
+        target, draft_model, tokenizer = load_pair(plan.target, plan.drafter or False, plan.tokenizer,
+                                                   device=device, dtype=args.dtype)
+    except (WeightsUnavailableError, pr.PromptsUnavailableError, ValueError, OSError) as err:
+        # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
+        raise Refusal(_one_line(err)) from None
 
+    manifest_path = args.out / "manifest.json"
+    before = manifest_path.read_bytes() if manifest_path.is_file() else None
+    stage["harvest_started"] = True
+    try:
+        manifest = harvest(
+            target, draft_model, tokenizer, prompts, args.out,
+            criteria=plan.criteria,
+            tree_widths=plan.tree_widths,
+            n_steps=plan.n_steps,
+            batch_size=args.batch_size,
+            prompts_per_shard=args.prompts_per_shard,
+            chunk_steps=args.chunk_steps,
+            top_k=args.top_k,
+            stop_at_eos=not args.no_stop_at_eos,
+            seed=plan.seed,
+            prompt_set_name=plan.prompt_set_name,
+            extra={"preset": preset.name, "enable_thinking": args.enable_thinking or preset.enable_thinking},
+            progress=not args.no_progress,
+        )
+    except (HarvestConfigError, ValueError, OSError) as err:
+        after = manifest_path.read_bytes() if manifest_path.is_file() else None
+        if after == before and not isinstance(err, OSError):  # found before anything was written
+            raise Refusal(_one_line(err)) from None
+        _say(f"the harvest in {args.out} failed: {_one_line(err)}")
+        return 1
+    if dist.is_main:
+        if args.write_prompts is not None:  # with the token counts the harvest measured
+            counted = with_token_counts(prompts, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            args.write_prompts.write_text(dumps_prompts(counted), encoding="utf-8")
+        totals = manifest["totals"]
+        print(json.dumps({"out": str(args.out), "status": manifest["status"], **totals}))
+    return 0 if manifest["status"] == "complete" else 1
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _plan(args: argparse.Namespace, preset: Any) -> _Plan:
+    """Resolve the preset and the options into names and prompts; refuse what is wrong."""
+    from companion.harvest import presets as pr
+    from companion.models import local_folder_problem, looks_like_local_path
+    from companion.tiny_pair import ASSET_DIR
+
+    if args.no_drafter and args.drafter:
+        raise Refusal(f"--drafter {args.drafter} and --no-drafter contradict each other: give one")
     needed = []
     if preset.target == "default" and not args.target:
         needed.append("target")
-    if preset.drafter == "default" and not (args.drafter or args.no_drafter or args.target):
+    embedded_drafter = preset.drafter == "default" and not (args.drafter or args.no_drafter or args.target)
+    if embedded_drafter:
         needed.append("drafter")
     if preset.prompts == "default" and not args.prompts:
         needed.append("prompts")
     try:
         pr.check_default_assets(needed)
     except FileNotFoundError as err:
-        print(f"companion harvest: {err}", file=sys.stderr)
-        return 2
-    drafter = None if args.no_drafter else (args.drafter or preset.drafter)
-    target_name = args.target or preset.target
-    tokenizer_name = args.tokenizer or preset.tokenizer
-    try:
-        if target_name == "default" and drafter == "default":
-            drafter = None  # load_pair("default") brings the embedded drafter
-            target, draft_model, tokenizer = load_pair("default", tokenizer=tokenizer_name, device=device, dtype=dtype)
-            if args.no_drafter:
-                draft_model = None
-        else:
-            if drafter == "default":
-                drafter = None
-            target, draft_model, tokenizer = load_pair(target_name, drafter, tokenizer_name, device=device, dtype=dtype)
-    except (WeightsUnavailableError, ValueError, FileNotFoundError) as err:
-        # missing weights offline, mismatched tokenizers, bad paths: a message, not a traceback
-        print(f"companion harvest: {err}", file=sys.stderr)
-        return 2
+        raise Refusal(_one_line(err)) from None
 
-    # Prompts.
-    if args.prompts:
-        prompts = load_prompts(args.prompts)
-        name = args.prompts
-    elif preset.prompts == "ultrachat":
-        try:
-            rows = pr.ultrachat_rows(args.ultrachat)
-            prompts = pr.select_ultrachat_prompts(
-                rows, tokenizer, n=args.n_prompts or preset.n_prompts or 500,
-                min_tokens=preset.min_prompt_tokens if args.min_prompt_tokens is None else args.min_prompt_tokens,
-                seed=seed, enable_thinking=args.enable_thinking or preset.enable_thinking)
-        except pr.PromptsUnavailableError as err:
-            print(f"companion harvest: {err}", file=sys.stderr)
-            return 2
-        name = f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
+    # The embedded pair by its folders, so that "no drafter" means none (a preset name brings its drafter).
+    target = args.target or (str(ASSET_DIR / "target") if preset.target == "default" else preset.target)
+    if args.no_drafter:
+        drafter = None
+    elif args.drafter:
+        drafter = args.drafter
+    elif preset.drafter == "default":
+        drafter = str(ASSET_DIR / "drafter") if embedded_drafter else None
     else:
-        prompts = load_prompts(preset.prompts)
-        name = preset.prompts
-    if args.n_prompts and (args.prompts or preset.prompts != "ultrachat"):
-        prompts = prompts[: args.n_prompts]
-        name = f"{name}[:{args.n_prompts}]"
-    if args.write_prompts and dist.is_main:
-        args.write_prompts.write_text(dumps_prompts(prompts), encoding="utf-8")
+        drafter = preset.drafter
+    tokenizer = args.tokenizer or preset.tokenizer
+    if tokenizer is None and not args.target and preset.target == "default":
+        tokenizer = str(ASSET_DIR / "tokenizer")
+    for option, name, kind in (("--target", args.target, "model"), ("--drafter", args.drafter, "model"),
+                               ("--tokenizer", args.tokenizer, "tokenizer")):
+        if name and looks_like_local_path(name):
+            problem = local_folder_problem(name, kind)
+            if problem is not None:
+                raise Refusal(f"{option} {name}: {problem}; pass a folder written by save_pretrained, "
+                              "or a hub id such as Qwen/Qwen3-1.7B")
 
-    criteria = _criteria(args.criteria) or list(preset.criteria)
+    seed = preset.seed if args.seed is None else args.seed
+    prompts, name = _prompts(args, preset)
+    criteria = [s for group in args.criteria for s in group] if args.criteria else list(preset.criteria)
+    if len(set(criteria)) != len(criteria):
+        raise Refusal(f"--criteria: each criterion once, got {';'.join(criteria)}")
+    return _Plan(target=target, drafter=drafter, tokenizer=tokenizer, prompts=prompts, prompt_set_name=name,
+                 n_steps=args.steps if args.steps is not None else preset.n_steps, criteria=criteria,
+                 tree_widths=args.tree_widths or list(preset.tree_widths), seed=seed)
+
+
+def _prompts(args: argparse.Namespace, preset: Any) -> tuple[Any, str]:
+    """The prompts (None for an UltraChat selection, made once the tokenizer is loaded) and the set's name."""
+    from companion.harvest import presets as pr
+    from companion.prompts import load_prompts
+
+    if not args.prompts and preset.prompts == "ultrachat":
+        if args.ultrachat is not None and not args.ultrachat.exists():
+            raise Refusal(f"--ultrachat {args.ultrachat}: no such file or folder")
+        if args.ultrachat is None:
+            import importlib.util
+
+            if importlib.util.find_spec("datasets") is None:
+                raise Refusal(f"the {preset.name} preset draws its prompts from {pr.ULTRACHAT}, which needs the "
+                              "`datasets` library (pip install datasets) or local files: --ultrachat PATH, or "
+                              "--prompts FILE")
+        return None, f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
+    source = args.prompts or preset.prompts
     try:
-        manifest = _run(harvest, target, draft_model, tokenizer, prompts, args, criteria, preset, seed, name)
-    except (HarvestConfigError, ValueError) as err:
-        print(f"companion harvest: {err}", file=sys.stderr)
-        return 2
-    if dist.is_main:
-        totals = manifest["totals"]
-        print(json.dumps({"out": str(args.out), "status": manifest["status"], **totals}))
-    return 0 if manifest["status"] == "complete" else 1
+        prompts = load_prompts(source)
+    except FileNotFoundError:
+        raise Refusal(f"--prompts {source}: no such file (nor a prompt set name: default)") from None
+    except (ValueError, OSError) as err:
+        raise Refusal(_one_line(err)) from None
+    name = str(source)
+    if args.n_prompts is not None:
+        if args.n_prompts > len(prompts):
+            raise Refusal(f"--n-prompts {args.n_prompts}: the prompt set {name} has only {len(prompts)} prompts")
+        prompts = prompts[:args.n_prompts]
+        name = f"{name}[:{args.n_prompts}]"
+    return prompts, name
 
 
-def _run(harvest, target, draft_model, tokenizer, prompts, args, criteria, preset, seed, name):
-    return harvest(
-        target, draft_model, tokenizer, prompts, args.out,
-        criteria=criteria,
-        tree_widths=args.tree_widths or list(preset.tree_widths),
-        n_steps=args.steps or preset.n_steps,
-        batch_size=args.batch_size,
-        prompts_per_shard=args.prompts_per_shard,
-        chunk_steps=args.chunk_steps,
-        top_k=args.top_k,
-        stop_at_eos=not args.no_stop_at_eos,
-        seed=seed,
-        prompt_set_name=name,
-        extra={"preset": preset.name, "enable_thinking": args.enable_thinking or preset.enable_thinking},
-        progress=not args.no_progress,
-    )
+def _check_out(out: Path) -> None:
+    """``--out`` must be a folder this process can write, or creatable; an existing harvest's manifest readable."""
+    from companion.harvest import store
+
+    if out.exists():
+        if not out.is_dir():
+            raise Refusal(f"--out {out} is a file; pass a folder (it is created if missing)")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise Refusal(f"--out {out} is not writable; pass a folder you can write to")
+        if (out / store.MANIFEST).exists():
+            try:
+                store.read_manifest(out)
+            except (OSError, ValueError) as err:
+                raise Refusal(_one_line(err)) from None
+        elif any(not e.name.startswith(".") for e in out.iterdir()):
+            raise Refusal(f"--out {out} is not empty and holds no {store.MANIFEST}: refusing to write into it; "
+                          "pass a new or empty folder")
+        return
+    _check_creatable(out, "--out")
 
 
-def _criteria(values: list[str] | None) -> list[str]:
-    if not values:
-        return []
-    return [s.strip() for v in values for s in v.split(";") if s.strip()]
+def _check_creatable(path: Path, option: str) -> None:
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise Refusal(f"{option} {path}: cannot create it, {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise Refusal(f"{option} {path}: cannot create it, {parent} is not writable")
+
+
+def _check_new_file(path: Path, option: str) -> None:
+    if path.is_dir():
+        raise Refusal(f"{option} {path} is a folder; pass a file name")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise Refusal(f"{option} {path} is not writable")
+        return
+    _check_creatable(path, option)
+
+
+def _check_device(requested: str | None) -> None:
+    """A device torch knows and this machine has."""
+    if requested is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise Refusal(f"--device {requested}: expected cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Refusal(f"--device {requested}: torch {torch.__version__} sees no CUDA device; "
+                          "use --device cpu, or a CUDA build of torch on a machine with a GPU")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise Refusal(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise Refusal(f"--device {requested}: torch sees no Apple GPU (MPS); use --device cpu")
+    elif dev.type != "cpu":
+        raise Refusal(f"--device {requested}: expected cpu, cuda, cuda:N or mps")
 
 
 def _device(requested: str | None, local_rank: int, world: int):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ def harvest(
     extra: dict[str, Any] | None = None,
     progress: bool = True,
     hook: BlockHook | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Greedy-decode every prompt with ``target`` and write per-step traces to ``out_dir``; return the manifest.
 
@@ -157,8 +159,19 @@ def harvest(
     process of rank ``i mod world``; shards are the same whatever the world size, so the merged
     result equals a single-process run. The main process merges the manifest at the end.
 
+    Every shard already in ``out_dir`` is verified before it is kept (the sha256 the manifest
+    records for it, or a full read with page checksums); a damaged one is named through
+    ``log`` (default: standard error) and recomputed. The bits of a harvest depend on the
+    models, dtype, batching, versions and the numerics of the device (CPU: torch threads and
+    instruction set; CUDA: GPU model, CUDA version, TF32), all of which are in the
+    configuration, so a resume under any other of them is refused.
+
+    Ctrl-C (``KeyboardInterrupt``): the manifest is written with status ``interrupted`` and the
+    shards complete so far, then the exception propagates; rerunning resumes.
+
     ``hook(batch_positions, first_step, logits_p, logits_q, columns)`` sees every block on the device.
     """
+    say = log if log is not None else (lambda message: print(message, file=sys.stderr))
     t_start = time.perf_counter()
     started = store.iso_now()
     dist = distributed_context()
@@ -189,6 +202,8 @@ def harvest(
 
     plist = as_prompts(prompts)
     token_ids = [tokenizer(p.text, add_special_tokens=add_special_tokens)["input_ids"] for p in plist]
+    # Unknown token counts (-1: a text file, JSONL with only 'text', plain strings) are the counts decoded.
+    plist = [replace(p, n_tokens=len(ids)) if p.n_tokens < 0 else p for p, ids in zip(plist, token_ids)]
     for p, ids in zip(plist, token_ids):
         if not ids:
             raise ValueError(f"prompt {p.prompt_id!r} has no tokens")
@@ -226,8 +241,10 @@ def harvest(
         "pad_token_id": int(pad_id),
         "add_special_tokens": add_special_tokens,
         "seed": seed,
-        # Numerics depend on these: a resume under other versions would mix rows of two programs.
+        # Numerics depend on these: a resume under other versions, thread counts or hardware would
+        # mix rows of two programs.
         "software": {k: versions[k] for k in ("companion", "torch", "transformers")},
+        "numerics": store.numerics_record(device),
     }
     digest = store.config_digest(config)
 
@@ -237,11 +254,14 @@ def harvest(
         positions.sort(key=lambda i: (len(token_ids[i]), i))
     shards = [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
 
-    # The main process checks an existing manifest and writes the new one; the others then check it.
+    # The main process checks an existing manifest and every shard already there (damaged ones are
+    # removed, to be recomputed) before writing anything; the others then check the manifest.
     manifest_path = out / store.MANIFEST
     environment = store.environment_record(device, dist.world)
+    checksums: dict[str, str] = {}
     if dist.is_main:
         previous = _check_existing(out, config, digest)
+        checksums = _verified_shards(out, digest, previous, say)
         manifest = previous or {
             "format": store.FORMAT,
             "status": "running",
@@ -262,10 +282,6 @@ def harvest(
     store.remove_stale_temporaries(out, dist.rank, dist.world)
 
     done = store.existing_shards(out)
-    for index, path in done.items():
-        meta = store.shard_meta(path)
-        if meta["config_digest"] != digest:
-            raise store.HarvestConfigError(f"{path} was written by a harvest with another configuration")
     mine = [i for i in range(len(shards)) if i % dist.world == dist.rank and i not in done]
     torch.manual_seed(seed)  # greedy decoding uses no randomness; seeded for anything that might
 
@@ -273,44 +289,63 @@ def harvest(
     bar = _progress(progress, total=sum(len(shards[i]) for i in mine) * n_steps, rank=dist.rank, world=dist.world)
     rows_done = 0
     compute_s = 0.0
-    for index in mine:
-        t0 = time.perf_counter()
-        members = shards[index]
-        parts = []
-        for start in range(0, len(members), bsz):
-            batch = members[start:start + bsz]
-            result = decode_batch(
-                target, drafter, [token_ids[i] for i in batch], n_steps, stats,
-                chunk_steps=chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
-                hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
-            )
-            parts.append(_batch_table(result, batch, plist, token_ids, schema))
-            if bar is not None:  # steps skipped after every prompt ended count as done
-                bar.update(len(batch) * (n_steps - result.steps_run))
-        table = pa.concat_tables(parts)
-        elapsed = time.perf_counter() - t0
-        meta = {
-            "index": index,
-            "rank": dist.rank,
-            "config_digest": digest,
-            "prompt_ids": [plist[i].prompt_id for i in members],
-            "rows": table.num_rows,
-            "top2_ties": int(np.count_nonzero(table.column("top2_tie").to_numpy(zero_copy_only=False))),
-            "compute_s": round(elapsed, 3),
-        }
-        store.write_shard(out, index, dist.rank, table, meta)
-        rows_done += table.num_rows
-        compute_s += elapsed
+    written: dict[str, str] = {}
+    try:
+        for index in mine:
+            t0 = time.perf_counter()
+            members = shards[index]
+            parts = []
+            for start in range(0, len(members), bsz):
+                batch = members[start:start + bsz]
+                result = decode_batch(
+                    target, drafter, [token_ids[i] for i in batch], n_steps, stats,
+                    chunk_steps=chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
+                    hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
+                )
+                parts.append(_batch_table(result, batch, plist, token_ids, schema))
+                if bar is not None:  # steps skipped after every prompt ended count as done
+                    bar.update(len(batch) * (n_steps - result.steps_run))
+            table = pa.concat_tables(parts)
+            elapsed = time.perf_counter() - t0
+            meta = {
+                "index": index,
+                "rank": dist.rank,
+                "config_digest": digest,
+                "prompt_ids": [plist[i].prompt_id for i in members],
+                "rows": table.num_rows,
+                "top2_ties": int(np.count_nonzero(table.column("top2_tie").to_numpy(zero_copy_only=False))),
+                "compute_s": round(elapsed, 3),
+            }
+            path, sha = store.write_shard(out, index, dist.rank, table, meta)
+            written[path.name] = sha
+            rows_done += table.num_rows
+            compute_s += elapsed
+    except KeyboardInterrupt:
+        # Ctrl-C: the shard in progress is lost (its temporary file is removed); the complete ones
+        # are recorded, so the manifest says what is there and a rerun computes only the rest.
+        if bar is not None:
+            bar.close()
+        if dist.is_main:
+            part = {"rank": dist.rank, "device": str(device), "shards_computed": len(written), "rows": rows_done,
+                    "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3)}
+            _finalize(out, digest, len(shards), dist.world, [part], started, t_start, checksums | written,
+                      interrupted=True)
+        raise
     if bar is not None:
         bar.close()
 
     part = {"rank": dist.rank, "device": str(device), "shards_computed": len(mine), "rows": rows_done,
-            "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3)}
+            "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3),
+            "checksums": written}
     store.write_json(out / store.PARTS_DIR / f"rank{dist.rank}.json", part)
     dist.barrier()
     manifest = None
     if dist.is_main:
-        manifest = _finalize(out, digest, len(shards), dist.world, started, t_start)
+        ranks = _read_parts(out, dist.world)
+        for r in ranks:
+            checksums |= r.pop("checksums", {})
+        manifest = _finalize(out, digest, len(shards), dist.world, ranks, started, t_start, checksums)
+        _remove_parts(out, dist.world)
     dist.barrier()
     if manifest is None:
         manifest = store.read_manifest(out)
@@ -321,37 +356,78 @@ def _check_existing(out: Path, config: dict[str, Any], digest: str) -> dict[str,
     """The manifest already in ``out`` if its configuration is ``config``; None if ``out`` is new; else raise."""
     if (out / store.MANIFEST).exists():
         previous = store.read_manifest(out)
-        if previous["config_digest"] != digest:
-            diffs = store.config_differences(previous["config"], config)
+        if previous.get("config_digest") != digest:
+            diffs = store.config_differences(previous.get("config", {}), config)
             raise store.HarvestConfigError(
-                f"{out} already holds a harvest with a different configuration:\n  "
-                + "\n  ".join(diffs or ["(digest differs)"])
-                + f"\nUse another output directory, or delete {out} to start over.")
+                f"{out} already holds a harvest with a different configuration ("
+                + "; ".join(diffs or ["the digests differ"])
+                + f"): use another output directory, or delete {out} to start over")
         return previous
     if out.exists() and any(not e.name.startswith(".") for e in out.iterdir()):
         raise store.HarvestConfigError(f"{out} exists, is not empty and has no {store.MANIFEST}: refusing to write into it")
     return None
 
 
-def _finalize(out: Path, digest: str, n_shards: int, world: int, started: str, t_start: float) -> dict[str, Any]:
-    """Main process: merge the per-process records and the shard list into the manifest."""
-    manifest = store.read_manifest(out)
-    parts_dir = out / store.PARTS_DIR
+def _verified_shards(out: Path, digest: str, previous: dict[str, Any] | None, say: Callable[[str], None]) -> dict[str, str]:
+    """sha256 of every sound shard already in ``out``; damaged ones are deleted (to be recomputed) and named.
+
+    A shard the manifest records is checked against its sha256; one it does not (written by a run
+    killed before it could record it) is read whole with its page checksums verified.
+    """
+    recorded = {Path(s["file"]).name: s.get("sha256") for s in (previous or {}).get("shards", [])}
+    sound: dict[str, str] = {}
+    damaged = []
+    for index, path in sorted(store.existing_shards(out).items()):  # all checked (a foreign one raises) ...
+        sha = recorded.get(path.name)
+        problem = store.shard_problem(path, digest, sha)
+        if problem is None:
+            sound[path.name] = sha or store.file_sha256(path)
+        else:
+            damaged.append((index, path, problem))
+    for index, path, problem in damaged:  # ... before any is removed
+        say(f"companion harvest: {path} is damaged ({problem}); recomputing shard {index}")
+        path.unlink()
+    return sound
+
+
+def _read_parts(out: Path, world: int) -> list[dict[str, Any]]:
+    """The per-process run records of this run (``parts/rank<r>.json``)."""
     ranks = []
     for r in range(world):
-        path = parts_dir / f"rank{r}.json"
+        path = out / store.PARTS_DIR / f"rank{r}.json"
         if path.exists():
             ranks.append(json.loads(path.read_text()))
+    return ranks
+
+
+def _remove_parts(out: Path, world: int) -> None:
+    parts_dir = out / store.PARTS_DIR
+    for r in range(world):
+        (parts_dir / f"rank{r}.json").unlink(missing_ok=True)
+    if parts_dir.is_dir() and not any(parts_dir.iterdir()):
+        parts_dir.rmdir()
+
+
+def _finalize(out: Path, digest: str, n_shards: int, world: int, ranks: list[dict[str, Any]], started: str,
+              t_start: float, checksums: dict[str, str], *, interrupted: bool = False) -> dict[str, Any]:
+    """Main process: merge this run's per-process records and the shard list into the manifest.
+
+    Status: ``complete`` when every shard is there, else ``incomplete`` (``interrupted`` after
+    Ctrl-C); ``missing_shards`` lists the others.
+    """
+    manifest = store.read_manifest(out)
     found = store.existing_shards(out)
-    shard_records = store.summarize_shards(found[i] for i in sorted(found))
+    shard_records = store.summarize_shards((found[i] for i in sorted(found)), checksums)
     missing = sorted(set(range(n_shards)) - set(found))
     rows_this_run = sum(r["rows"] for r in ranks)
     wall = time.perf_counter() - t_start
     if rows_this_run:
-        manifest["runs"].append({
-            "started": started, "finished": store.iso_now(), "wall_s": round(wall, 3), "world_size": world,
-            "rows": rows_this_run, "steps_per_s": round(rows_this_run / wall, 3) if wall > 0 else None, "ranks": ranks,
-        })
+        run = {"started": started, "finished": store.iso_now(), "wall_s": round(wall, 3), "world_size": world,
+               "rows": rows_this_run, "steps_per_s": round(rows_this_run / wall, 3) if wall > 0 else None,
+               "ranks": ranks}
+        if interrupted:
+            run["interrupted"] = True
+        manifest["runs"].append(run)
     rows = sum(s["rows"] for s in shard_records)
     compute = sum(s["compute_s"] for s in shard_records)
     manifest["shards"] = shard_records
@@ -364,16 +440,12 @@ def _finalize(out: Path, digest: str, n_shards: int, world: int, started: str, t
         "steps_per_s_per_process": round(rows / compute, 3) if compute > 0 else None,
         "wall_s": round(sum(r["wall_s"] for r in manifest["runs"]), 3),
     }
-    manifest["status"] = "complete" if not missing else "incomplete"
+    manifest["status"] = "complete" if not missing else ("interrupted" if interrupted else "incomplete")
     if missing:
         manifest["missing_shards"] = missing
     else:
         manifest.pop("missing_shards", None)
     store.write_json(out / store.MANIFEST, manifest)
-    for r in range(world):
-        (parts_dir / f"rank{r}.json").unlink(missing_ok=True)
-    if parts_dir.is_dir() and not any(parts_dir.iterdir()):
-        parts_dir.rmdir()
     return manifest
 
 

@@ -12,6 +12,12 @@ place (``os.replace`` is atomic on POSIX), so a shard or manifest either exists 
 all: an interrupted harvest loses at most the shards in progress, and a rerun recomputes
 exactly those. Each shard's Parquet metadata carries the harvest's configuration digest, the
 shard index and its prompt ids, so foreign or stale shards are detected instead of mixed in.
+
+Damage after the fact (a truncated or altered file) is caught by checksums: the manifest
+records the sha256 of every shard file, and every Parquet page carries a CRC-32. A resume
+verifies every shard before keeping it (the sha256 when the manifest has it, else a full read
+with page checksums, for shards written by a run that was killed before it could record them)
+and recomputes the damaged ones; :func:`load_traces` verifies every shard it reads.
 """
 from __future__ import annotations
 
@@ -57,7 +63,8 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    """sha256 (hex) of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -90,7 +97,7 @@ def model_identity(model: Any) -> dict[str, Any]:
         ident["revision"] = str(commit)
     elif folder is not None and folder.is_dir() and any(folder.glob(p) for p in _WEIGHT_PATTERNS):
         files = sorted({f for p in _WEIGHT_PATTERNS for f in folder.glob(p)})
-        ident["weights_sha256"] = {f.name: _sha256_file(f) for f in files}
+        ident["weights_sha256"] = {f.name: file_sha256(f) for f in files}
     else:
         import torch
 
@@ -163,12 +170,23 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a harvest directory (``FileNotFoundError`` if there is none)."""
+    """The manifest of a harvest directory.
+
+    ``FileNotFoundError`` if there is none; ``ValueError`` naming the file if it is not valid
+    JSON (cut short or edited) or not a companion harvest manifest.
+    """
     path = Path(out_dir) / MANIFEST
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a companion harvest manifest (format {manifest.get('format')!r})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        what = (f"not valid JSON: {err.msg}, line {err.lineno} column {err.colno}"
+                if isinstance(err, json.JSONDecodeError) else "not UTF-8")
+        raise ValueError(f"{path} is damaged ({what}): restore it, or delete {Path(out_dir)} and rerun to "
+                         "start the harvest over") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"{path} is not a companion harvest manifest (format {got!r}, expected {FORMAT!r})")
     return manifest
 
 
@@ -180,27 +198,63 @@ def shard_name(index: int, rank: int) -> str:
     return f"shard-{index:05d}.rank{rank}.parquet"
 
 
-def write_shard(out_dir: Path, index: int, rank: int, table: pa.Table, meta: dict[str, Any]) -> Path:
-    """Write one shard atomically (zstd Parquet) with ``meta`` in its schema metadata."""
+def write_shard(out_dir: Path, index: int, rank: int, table: pa.Table, meta: dict[str, Any]) -> tuple[Path, str]:
+    """Write one shard atomically (zstd Parquet, CRC-32 per page) with ``meta`` in its schema metadata.
+
+    Returns the path and the sha256 of the bytes written (hashed before the rename into place).
+    """
     table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
     folder = out_dir / SHARD_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / shard_name(index, rank)
     tmp = folder / f".{path.name}.tmp-{os.getpid()}"
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        digest = file_sha256(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
-    return path
+    return path, digest
+
+
+def shard_problem(path: Path, config_digest: str, sha256: str | None = None) -> str | None:
+    """Why the shard file ``path`` cannot be used; None if it is sound.
+
+    With ``sha256`` (the manifest's record): the file's sha256 must equal it. Without: the whole
+    file is read, verifying every page's CRC-32, and its metadata must name ``config_digest``
+    and the row count it holds. A shard of another configuration is not damage: it raises
+    :class:`HarvestConfigError`.
+    """
+    if sha256 is not None:
+        actual = file_sha256(path)
+        if actual != sha256:
+            return f"its sha256 is {actual[:12]}..., the manifest records {sha256[:12]}..."
+    try:
+        md = pq.read_schema(path).metadata or {}
+        meta = json.loads(md[META_KEY]) if META_KEY in md else None
+        if meta is None:
+            return "no companion metadata in its footer"
+        if sha256 is None:
+            table = pq.read_table(path, page_checksum_verification=True)
+            if table.num_rows != meta.get("rows"):
+                return f"it holds {table.num_rows} rows, its metadata says {meta.get('rows')}"
+    except (OSError, pa.ArrowException, ValueError) as err:  # truncated, corrupt pages, bad footer
+        return " ".join(str(err).split()) or type(err).__name__
+    if meta.get("config_digest") != config_digest:
+        raise HarvestConfigError(f"{path} was written by a harvest with another configuration: move it away, or "
+                                 "harvest into another folder")
+    return None
 
 
 def shard_meta(path: Path) -> dict[str, Any]:
-    """The companion metadata of a shard file (reads only the footer)."""
-    md = pq.read_schema(path).metadata or {}
+    """The companion metadata of a shard file (reads only the footer; ``ValueError`` naming it if unreadable)."""
+    try:
+        md = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(f"{path} is not a readable Parquet file ({str(err).splitlines()[0]})") from None
     if META_KEY not in md:
         raise ValueError(f"{path} is not a companion harvest shard")
     return json.loads(md[META_KEY])
@@ -247,25 +301,35 @@ def load_traces(out_dir: str | os.PathLike[str], columns: Sequence[str] | None =
     """All steps of a harvest as one ``pyarrow.Table`` (shards in index order, prompts in shard order).
 
     ``columns`` selects columns (``None``: all). A harvest whose manifest is not ``complete``
-    raises ``ValueError`` unless ``allow_incomplete``, which reads the shards present. Use
-    ``table.to_pandas()`` if pandas is installed (it is not a dependency), or ``table.column(name)``
-    / ``.to_numpy()`` without it. Rows of one prompt are contiguous and ordered by ``step``.
+    raises ``ValueError`` unless ``allow_incomplete``, which reads the shards present. Every
+    shard is verified against the sha256 the manifest records for it (a shard the manifest does
+    not list yet is read with its page checksums verified); a damaged one raises ``ValueError``
+    naming the file. Use ``table.to_pandas()`` if pandas is installed (it is not a dependency),
+    or ``table.column(name)`` / ``.to_numpy()`` without it. Rows of one prompt are contiguous and
+    ordered by ``step``.
     """
     out = Path(out_dir)
     manifest = read_manifest(out)
-    if manifest.get("status") != "complete" and not allow_incomplete:
-        raise ValueError(f"harvest in {out} is not complete (status {manifest.get('status')!r}); "
+    status = manifest.get("status")
+    if status != "complete" and not allow_incomplete:
+        why = {"running": "running, or stopped without a trace (killed)", "interrupted": "interrupted"}.get(status, status)
+        raise ValueError(f"harvest in {out} is not complete (status {status!r}: {why}); "
                          "rerun the same command to finish it, or pass allow_incomplete=True")
     digest = manifest["config_digest"]
-    paths = existing_shards(out) if allow_incomplete else {s["index"]: out / s["file"] for s in manifest["shards"]}
+    recorded = {s["index"]: s for s in manifest.get("shards", [])}
+    paths = existing_shards(out) if allow_incomplete else {i: out / s["file"] for i, s in recorded.items()}
     tables = []
-    schema = None
     for index in sorted(paths):
-        meta = shard_meta(paths[index])
-        if meta["config_digest"] != digest:
-            raise ValueError(f"{paths[index]} belongs to another harvest configuration")
-        t = pq.read_table(paths[index], columns=list(columns) if columns is not None else None)
-        schema = schema or t.schema.remove_metadata()
+        path = paths[index]
+        if not path.is_file():
+            raise ValueError(f"{path} is missing: rerun the harvest command to recompute it")
+        sha = recorded[index].get("sha256") if index in recorded and recorded[index]["file"] == \
+            f"{SHARD_DIR}/{path.name}" else None
+        problem = shard_problem(path, digest, sha)
+        if problem is not None:
+            raise ValueError(f"{path} is damaged ({problem}): rerun the harvest command to recompute it")
+        t = pq.read_table(path, columns=list(columns) if columns is not None else None,
+                          page_checksum_verification=True)
         tables.append(t.replace_schema_metadata(None))
     if not tables:
         from companion.harvest.schema import arrow_schema
@@ -280,6 +344,27 @@ def load_traces(out_dir: str | os.PathLike[str], columns: Sequence[str] | None =
 
 def iso_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def numerics_record(device: Any) -> dict[str, Any]:
+    """What, besides models, dtype, batching and versions, changes the bits of a harvest on ``device``.
+
+    On the CPU: the number of torch threads (float reductions are split across threads: one and
+    two threads differ in the last bits) and the instruction set ATen dispatches to
+    (``torch.backends.cpu.get_cpu_capability()``: AVX2, AVX512, ...). On CUDA: the GPU model, the
+    CUDA and cuDNN versions, and whether float32 matmuls may use TF32. Part of the configuration
+    digest, so a resume never mixes rows computed under two of these.
+    """
+    import torch
+
+    dev = torch.device(device)
+    record: dict[str, Any] = {"float32_matmul_precision": torch.get_float32_matmul_precision()}
+    if dev.type == "cuda":
+        record |= {"gpu": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda,
+                   "cudnn": torch.backends.cudnn.version(), "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}
+    else:
+        record |= {"torch_threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return record
 
 
 def environment_record(device: Any, world: int) -> dict[str, Any]:
@@ -299,6 +384,12 @@ def environment_record(device: Any, world: int) -> dict[str, Any]:
     }
 
 
-def summarize_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Shard records for the manifest, from the shards' own metadata."""
-    return [shard_meta(p) | {"file": f"{SHARD_DIR}/{p.name}"} for p in paths]
+def summarize_shards(paths: Iterable[Path], checksums: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Shard records for the manifest: the shards' own metadata, the file and its sha256.
+
+    ``checksums`` maps file names to sha256 already known (computed when written or verified);
+    the others are hashed here.
+    """
+    known = checksums or {}
+    return [shard_meta(p) | {"file": f"{SHARD_DIR}/{p.name}", "sha256": known.get(p.name) or file_sha256(p)}
+            for p in paths]
