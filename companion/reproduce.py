@@ -807,7 +807,10 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
                 figures.append(figure)
 
     for chapter in staged:
-        link_figures(stage / NOTEBOOK_DIR / f"{chapter.name}.ipynb", set(figures))
+        staged_nb = stage / NOTEBOOK_DIR / f"{chapter.name}.ipynb"
+        link_figures(staged_nb, set(figures))
+        run = record.chapters.get(chapter.name)
+        present_parameters(staged_nb, chapter.path, run.profile if run else None)
 
     status_page = stage / "book" / "reproduction_status.md"
     if status_page.is_file():
@@ -847,6 +850,61 @@ def unlink_chapters(pages: Path, chapters: list[str]) -> None:
         new = link.sub(lambda m: f"{m.group(1)} (not in this build)", text)
         if new != text:
             page.write_text(new, encoding="utf-8")
+
+
+def _parameter_value(source: str) -> str:
+    """The value papermill injected for one line ``name = value`` (as written), else the line."""
+    return source.split("=", 1)[1].strip() if "=" in source else source.strip()
+
+
+def present_parameters(path: Path, source: Path, profile: str | None) -> bool:
+    """Fold a chapter's two parameter cells into one visible "Parameters of this run" box.
+
+    papermill leaves the notebook's ``parameters`` cell (the defaults, with comments) and adds an
+    ``injected-parameters`` cell after it (the values of this run); shown as they are, a reader
+    sees two blocks of assignments. Here the injected cell becomes a table of every declared
+    parameter: its value in this run, its default and its comment, and both code cells are
+    removed from the page (the code still runs as executed). Returns whether a box was made.
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    declared = notebook_parameters(source)
+    injected_at = next((i for i, c in enumerate(nb.cells)
+                        if "injected-parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if not declared:
+        return False
+    injected: dict[str, str] = {}
+    if injected_at is not None:
+        for line in str(nb.cells[injected_at].source).splitlines():
+            name = line.split("=", 1)[0].strip()
+            if "=" in line and name.isidentifier():
+                injected[name] = _parameter_value(line)
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| parameter | this run | default | meaning |", "|---|---|---|---|"]
+    for name, param in declared.items():
+        value = injected.get(name, param.source)
+        changed = " (changed)" if name in injected and value != param.source else ""
+        rows.append(f"| `{name}` | `{cell(value)}`{changed} | `{cell(param.source)}` | {cell(param.comment)} |")
+    where = f" (profile `{profile}`)" if profile else ""
+    box = nbformat.v4.new_markdown_cell(
+        f":::{{admonition}} Parameters of this run{where}\n:class: note\n\n" + "\n".join(rows)
+        + "\n\nRerun the chapter with other values: `companion reproduce --only NAME -p PARAMETER VALUE`.\n:::\n")
+    box.id = "parameters-of-this-run"
+    for c in nb.cells:
+        tags = c.get("metadata", {}).get("tags", [])
+        if "parameters" in tags and "remove-cell" not in tags:
+            c.metadata["tags"] = tags + ["remove-cell"]
+    if injected_at is not None:
+        nb.cells[injected_at] = box
+    else:
+        at = next((i + 1 for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), 0)
+        nb.cells.insert(at, box)
+    nbformat.write(nb, path)
+    return True
 
 
 def link_figures(path: Path, available: set[str]) -> int:

@@ -59,3 +59,24 @@ def test_links_to_chapters_left_out_become_text(tmp_path) -> None:
     unlink_chapters(tmp_path, ["03_strict_greedy"])
     assert page.read_text() == ("See Chapter 3 (not in this build) and "
                                 "[chapter 7](../notebooks/07_paper_evaluation.ipynb#certified-runs).\n")
+
+
+def test_parameter_cells_fold_into_one_box(tmp_path) -> None:
+    from companion.reproduce import present_parameters
+    from tests.conftest import write_notebook
+
+    source = write_notebook(tmp_path / "src.ipynb", "seed = 0  # random seed\nn = 4   # rows | per batch", "print(seed)")
+    nb = nbformat.read(source, as_version=4)
+    injected = nbformat.v4.new_code_cell("# Parameters\nseed = 7\n")
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells.insert(2, injected)
+    staged = tmp_path / "staged.ipynb"
+    nbformat.write(nb, staged)
+    assert present_parameters(staged, source, "cpu")
+    cells = nbformat.read(staged, as_version=4).cells
+    assert "remove-cell" in cells[1].metadata["tags"]                      # the defaults cell is hidden
+    box = cells[2]
+    assert box.cell_type == "markdown" and "Parameters of this run (profile `cpu`)" in box.source
+    assert "| `seed` | `7` (changed) | `0` | random seed |" in box.source
+    assert "| `n` | `4` | `4` | rows \\| per batch |" in box.source
+    assert not any("injected-parameters" in c.metadata.get("tags", []) for c in cells)
