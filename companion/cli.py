@@ -13,7 +13,7 @@ import sys
 COMMAND_MODULES: tuple[str, ...] = (
     "companion.tiny_pair.cli",   # retrain / pair-report: the embedded default model pair
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
-    "companion.reproduce",       # reproduce / build-book: run every notebook, build the HTML book
+    "companion.book.cli",        # reproduce / build-book: run every notebook, build the HTML book
 )
 
 

@@ -64,7 +64,8 @@ def built_book() -> Path:
     """``_build/html`` of this repository, built once per session by the real pipeline on the
     cpu profile (every notebook executed with papermill), or reused when
     ``COMPANION_BOOK_BUILT=1`` says a build is already there."""
-    from companion.reproduce import Layout, reproduce
+    from companion.book.layout import Layout
+    from companion.book.run import reproduce
 
     layout = Layout.at(ROOT)
     if os.environ.get("COMPANION_BOOK_BUILT") == "1":

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import analysis as A
+from companion.harvest import cache
 from companion import certificates, kl_divergence, parse_criterion, tree_certificate
 from companion.criteria import PAPER_CRITERIA
 
@@ -363,9 +364,9 @@ def test_markdown_table_formats():
 
 
 def test_default_traces_dir_names_the_configuration(tmp_path: Path):
-    d = A.default_traces_dir("default", 48, 64, device_type="cpu", batch_size=8, seed=0, runs_root=tmp_path)
+    d = cache.default_traces_dir("default", 48, 64, device_type="cpu", batch_size=8, seed=0, runs_root=tmp_path)
     assert d == tmp_path / "default-48x64-cpu-b8-seed0"
-    assert A.default_traces_dir("default", 48, 64, runs_root=tmp_path).name == "default-48x64-cpu-bauto-seed0"
+    assert cache.default_traces_dir("default", 48, 64, runs_root=tmp_path).name == "default-48x64-cpu-bauto-seed0"
 
 
 def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monkeypatch):
@@ -378,21 +379,21 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
         t, d, tok = toy_pair(vocab=300, hidden=32, layers=1, noise=_noise[0])
         return t, d, tok, [f"prompt number {i}: abc" for i in range(n_prompts)], "toy"
 
-    monkeypatch.setattr(A, "_load_preset", fake_load)
+    monkeypatch.setattr(cache, "_load_preset", fake_load)
     kw = dict(device="cpu", n_prompts=3, n_steps=4, batch_size=2, runs_root=tmp_path)
-    first = A.chapter_traces("default", **kw)
+    first = cache.chapter_traces("default", **kw)
     assert first.harvested_rows == 12 and first.manifest["status"] == "complete"
     assert first.traces_dir == tmp_path / "default-3x4-cpu-b2-seed0"
-    again = A.chapter_traces("default", **kw)
+    again = cache.chapter_traces("default", **kw)
     assert again.harvested_rows == 0 and again.traces_dir == first.traces_dir
     assert "preset `default`" in again.describe()
     # a complete traces_dir is used without loading any model
     loads = pairs["n"]
-    given = A.chapter_traces("default", traces_dir=str(first.traces_dir), **kw)
+    given = cache.chapter_traces("default", traces_dir=str(first.traces_dir), **kw)
     assert pairs["n"] == loads and given.harvested_rows == 0
     # another configuration (other weights) in the cache: moved aside and harvested again
     fake_load.__defaults__[0][0] = 0.3
-    fresh = A.chapter_traces("default", **kw)
+    fresh = cache.chapter_traces("default", **kw)
     assert fresh.harvested_rows == 12
     assert (tmp_path / "default-3x4-cpu-b2-seed0.stale" / "manifest.json").is_file()
     # ... but never in a directory the user named: an unfinished one of another configuration is refused
@@ -408,7 +409,7 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
     (mine / "manifest.json").write_text(json.dumps(manifest))
     fake_load.__defaults__[0][0] = 0.5
     with pytest.raises(HarvestConfigError):
-        A.chapter_traces("default", traces_dir=str(mine), **kw)
+        cache.chapter_traces("default", traces_dir=str(mine), **kw)
     assert (mine / "manifest.json").is_file() and not (tmp_path / "mine.stale").exists()
 
 

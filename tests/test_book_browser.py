@@ -158,7 +158,7 @@ def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_imag
 
 def test_built_book_in_browser(built_book: Path, serve) -> None:
     """The repository's book: every page typesets, loads every image, and stays on localhost."""
-    from companion.status import load_record
+    from companion.book.record import load_record
 
     report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots")
     assert "book/intro.html" in report.pages and "book/api.html" in report.pages
@@ -178,7 +178,8 @@ def test_built_book_in_browser(built_book: Path, serve) -> None:
 
 def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> None:
     """A throwaway chapter with math, a glued value and a figure renders fully offline."""
-    from companion.reproduce import Layout, reproduce
+    from companion.book.layout import Layout
+    from companion.book.run import reproduce
 
     root = make_project("01_demo")
     write_notebook(

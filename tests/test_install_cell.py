@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from companion.publish import (
+from companion.book.publish import (
     INSTALL_CELL_ID,
     INSTALL_CELL_TAGS,
     INSTALL_SOURCE_ENV,
@@ -28,7 +28,7 @@ from companion.publish import (
     pinned_requirement,
     stamp_install_cells,
 )
-from companion.reproduce import read_chapters
+from companion.book.toc import read_chapters
 from tests.conftest import ROOT
 
 CHAPTERS = [c.path for c in read_chapters(ROOT)]
@@ -43,7 +43,7 @@ def test_every_chapter_starts_with_the_hidden_install_cell(path: Path) -> None:
     cell = _first_cell(path)
     assert cell.cell_type == "code" and cell.get("id") == INSTALL_CELL_ID
     assert cell.metadata.get("tags") == INSTALL_CELL_TAGS
-    assert cell.source == install_cell_source(), "the install cell differs from companion.publish's"
+    assert cell.source == install_cell_source(), "the install cell differs from companion.book.publish's"
     assert pinned_requirement(cell.source) == install_requirement()   # the placeholder, until stamped
     assert not cell.outputs and cell.execution_count is None
 

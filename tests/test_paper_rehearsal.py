@@ -19,8 +19,10 @@ import pytest
 from companion.harvest import load_traces, read_manifest
 from companion.harvest.rehearsal import PRESET, rehearse
 from companion.harvest.shapes import QWEN3_VOCAB
-from companion.reproduce import Layout, read_chapters, reproduce
-from companion.status import load_record, render_status_markdown
+from companion.book.layout import Layout
+from companion.book.run import reproduce
+from companion.book.toc import read_chapters
+from companion.book.record import load_record, render_status_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 CH7, CH8 = "07_paper_evaluation", "08_real_drafter"

@@ -1,6 +1,6 @@
-"""The published build's settings (companion/publish.py and the Pages workflow) and the offline ones.
+"""The published build's settings (companion/book/publish.py and the Pages workflow) and the offline ones.
 
-The offline `_config.yml` has no launch, repository or issue buttons; `python -m companion.publish
+The offline `_config.yml` has no launch, repository or issue buttons; `python -m companion.book.publish
 config` turns them on for the workflow's repository, with Binder and Colab opening each chapter
 from the launch branch. The `book` tests build a small book both ways (no network: the links are
 only written into the pages, never fetched) and read the generated HTML.
@@ -15,8 +15,10 @@ import nbformat
 import pytest
 import yaml
 
-from companion import publish
-from companion.reproduce import Layout, build_book, find_remote_resources
+from companion.book import publish
+from companion.book.layout import Layout
+from companion.book.offline import find_remote_resources
+from companion.book.stage import build_book
 from tests.conftest import ROOT, write_notebook
 
 REPO = "some-org/companion-book"
@@ -56,17 +58,17 @@ def test_the_workflow_runs_publish_with_its_repository_and_commit() -> None:
     assert wf["permissions"]["contents"] == "write"
     assert wf["env"]["LAUNCH_BRANCH"] == publish.LAUNCH_BRANCH
     runs = [s.get("run", "") for s in wf["jobs"]["build"]["steps"]]
-    stamp = next(i for i, r in enumerate(runs) if "companion.publish stamp" in r)
-    config = next(i for i, r in enumerate(runs) if "companion.publish config" in r)
+    stamp = next(i for i, r in enumerate(runs) if "companion.book.publish stamp" in r)
+    config = next(i for i, r in enumerate(runs) if "companion.book.publish config" in r)
     build = next(i for i, r in enumerate(runs) if "companion reproduce" in r)
     push = next(i for i, r in enumerate(runs) if "git push" in r)
     assert stamp < build and config < build < push
     assert '--repository "${{ github.repository }}"' in runs[stamp] and '--commit "${{ github.sha }}"' in runs[stamp]
     assert '--repository "${{ github.repository }}"' in runs[config] and "$LAUNCH_BRANCH" in runs[config]
-    assert "companion.publish binder" in runs[push] and 'HEAD:refs/heads/$LAUNCH_BRANCH' in runs[push]
+    assert "companion.book.publish binder" in runs[push] and 'HEAD:refs/heads/$LAUNCH_BRANCH' in runs[push]
     assert "git add notebooks binder" in runs[push]
     # the offline CI entry point never publishes
-    assert "companion.publish" not in (ROOT / ".ci" / "run").read_text()
+    assert "companion.book.publish" not in (ROOT / ".ci" / "run").read_text()
 
 
 def test_cli(tmp_path: Path, capsys) -> None:

@@ -11,11 +11,12 @@ import nbformat
 import pytest
 
 from companion import cli
-from companion.reproduce import (
-    Chapter, Layout, Profile, ReproduceError, find_remote_resources, load_profile, parse_value,
-    plan_parameters, read_chapters, reproduce, select_chapters,
-)
-from companion.status import ChapterRun, RunRecord, load_record, render_status_markdown, save_record
+from companion.book.layout import Layout, ReproduceError
+from companion.book.offline import find_remote_resources
+from companion.book.parameters import Profile, load_profile, parse_value, plan_parameters
+from companion.book.run import reproduce
+from companion.book.toc import Chapter, read_chapters, select_chapters
+from companion.book.record import ChapterExecution, RunRecord, load_record, render_status_markdown, save_record
 from tests.conftest import ROOT, write_notebook
 
 PLANNED = [
@@ -81,7 +82,7 @@ def test_parse_value_reads_yaml_scalars() -> None:
 
 
 def test_declared_parameters_come_from_the_tagged_cell(tmp_path: Path) -> None:
-    from companion.reproduce import declared_parameters
+    from companion.book.parameters import declared_parameters
 
     path = write_notebook(tmp_path / "n.ipynb",
                           "vocab = 12   # top-k with k = 10 needs V >= 10\nseed: int = 0\na, (b, c) = 1, (2, 3)",
@@ -138,13 +139,13 @@ def test_remote_resources_are_found_and_links_are_not(tmp_path: Path) -> None:
 
 # --- the status page --------------------------------------------------------------------------
 
-def _run(name: str, **kw) -> ChapterRun:
+def _run(name: str, **kw) -> ChapterExecution:
     base = dict(chapter=name, source=f"notebooks/{name}.ipynb", source_sha256="abc", profile="gpu",
                 parameters={"device": "cuda", "preset": "paper-qwen3-4b", "n_prompts": 500},
                 device="cuda", device_name="NVIDIA H200", started="2026-01-02T03:04:05Z", seconds=125.0,
                 figures=["fig_a"], python="3.11.7", torch="2.13.0", commit="abc1234")
     base.update(kw)
-    return ChapterRun(**base)
+    return ChapterExecution(**base)
 
 
 def test_status_page_reports_runs_missing_and_stale_chapters() -> None:
@@ -278,7 +279,7 @@ def test_cli_errors_are_clear(make_project, capsys) -> None:
 # --- parameter defaults: listed with their comments, and the type every value must fit ------
 
 def test_notebook_parameters_read_defaults_and_comments(tmp_path: Path) -> None:
-    from companion.reproduce import notebook_parameters
+    from companion.book.parameters import notebook_parameters
 
     path = write_notebook(tmp_path / "n.ipynb",
                           "seed = 0\n"
@@ -311,7 +312,7 @@ def test_notebook_parameters_read_defaults_and_comments(tmp_path: Path) -> None:
     (None, "anything", True), (None, 3, True), (None, [1], True),
 ])
 def test_value_fits_default(default, value, fits) -> None:
-    from companion.reproduce import value_fits_default
+    from companion.book.parameters import value_fits_default
 
     assert value_fits_default(value, default) is fits
 
@@ -336,7 +337,7 @@ def test_mistyped_values_are_refused_before_running(make_project, capsys) -> Non
         assert str(info.value) == message
     assert not layout.build.exists()
     # An integer where a float is expected, and the profile's own values, pass the check.
-    from companion.reproduce import notebook_parameters
+    from companion.book.parameters import notebook_parameters
 
     chapter = read_chapters(root)
     params = {"07_eval": notebook_parameters(chapter[0].path)}
@@ -350,7 +351,7 @@ def test_mistyped_values_are_refused_before_running(make_project, capsys) -> Non
 
 
 def test_shipped_profiles_fit_the_notebooks_defaults() -> None:
-    from companion.reproduce import notebook_parameters
+    from companion.book.parameters import notebook_parameters
 
     chapters = [c for c in read_chapters(ROOT) if c.exists]
     params = {c.name: notebook_parameters(c.path) for c in chapters}

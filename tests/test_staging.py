@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import nbformat
 
-from companion.reproduce import link_figures
+from companion.book.figure_files import link_figures
 
 
 def _cell_with(outputs: list) -> nbformat.NotebookNode:
@@ -51,7 +51,7 @@ def test_interactive_saves_leave_no_marker(tmp_path, monkeypatch) -> None:
 
 
 def test_links_to_chapters_left_out_become_text(tmp_path) -> None:
-    from companion.reproduce import unlink_chapters
+    from companion.book.stage import unlink_chapters
 
     page = tmp_path / "claims.md"
     page.write_text("See [Chapter 3](../notebooks/03_strict_greedy.ipynb) and "
@@ -62,7 +62,7 @@ def test_links_to_chapters_left_out_become_text(tmp_path) -> None:
 
 
 def test_parameter_cells_fold_into_one_box(tmp_path) -> None:
-    from companion.reproduce import present_parameters
+    from companion.book.stage import present_parameters
     from tests.conftest import write_notebook
 
     source = write_notebook(tmp_path / "src.ipynb", "seed = 0  # random seed\nn = 4   # rows | per batch", "print(seed)")

@@ -29,7 +29,7 @@ PRESET_MODELS: dict[str, str] = {
 
 
 @dataclass
-class ChapterRun:
+class ChapterExecution:
     """One successful execution of one chapter notebook."""
 
     chapter: str                      # e.g. "03_strict_greedy"
@@ -57,7 +57,7 @@ class ChapterRun:
 class RunRecord:
     """All chapter runs, keyed by chapter name (the latest run of each chapter wins)."""
 
-    chapters: dict[str, ChapterRun] = field(default_factory=dict)
+    chapters: dict[str, ChapterExecution] = field(default_factory=dict)
 
     def figure_owner(self, figure: str) -> str | None:
         """The chapter whose latest run wrote ``figure``, if any."""
@@ -76,10 +76,10 @@ class RunRecord:
     def from_json(cls, data: dict[str, Any]) -> "RunRecord":
         if data.get("schema") != RECORD_SCHEMA:
             raise ValueError(f"run record has schema {data.get('schema')!r}, expected {RECORD_SCHEMA}")
-        known = {f.name for f in dataclasses.fields(ChapterRun)}
+        known = {f.name for f in dataclasses.fields(ChapterExecution)}
         chapters = {}
         for name, entry in data.get("chapters", {}).items():
-            chapters[name] = ChapterRun(**{k: v for k, v in entry.items() if k in known})
+            chapters[name] = ChapterExecution(**{k: v for k, v in entry.items() if k in known})
         return cls(chapters)
 
 
@@ -165,7 +165,7 @@ def harvest_description(traces_dir: Any) -> str | None:
     return describe_harvest(manifest)
 
 
-def _models(run: ChapterRun) -> str:
+def _models(run: ChapterExecution) -> str:
     """Preset and models: from the analysed harvest's manifest when the chapter was given one,
     else from the preset name and any *model* parameters of the chapter."""
     if run.harvest:
@@ -180,7 +180,7 @@ def _models(run: ChapterRun) -> str:
     return "; ".join(parts)
 
 
-def _parameters(run: ChapterRun) -> str:
+def _parameters(run: ChapterExecution) -> str:
     shown = [f"`{k}={v!r}`" for k, v in sorted(run.parameters.items())]
     return ", ".join(shown) if shown else "(defaults of the notebook)"
 

@@ -5,14 +5,14 @@ it is: no launch buttons, no repository or issue buttons, nothing loaded from an
 The Pages workflow (``.github/workflows/book.yml``) knows which repository and commit it
 builds, and before ``companion reproduce`` it runs
 
-1. ``python -m companion.publish stamp --repository OWNER/NAME --commit SHA notebooks/*.ipynb``:
+1. ``python -m companion.book.publish stamp --repository OWNER/NAME --commit SHA notebooks/*.ipynb``:
    every chapter's first cell (the hidden install cell) now installs the companion from that
    commit when a kernel lacks it;
-2. ``python -m companion.publish config --repository OWNER/NAME``: ``_config.yml`` is rewritten
+2. ``python -m companion.book.publish config --repository OWNER/NAME``: ``_config.yml`` is rewritten
    with the repository URL, the repository and issue buttons, and Binder and Colab launch
    buttons that open ``notebooks/<chapter>.ipynb`` on the *launch branch*;
 
-and after the build it commits the stamped notebooks (and ``python -m companion.publish binder``'s
+and after the build it commits the stamped notebooks (and ``python -m companion.book.publish binder``'s
 Binder environment) on top of the built commit and force-pushes that to the launch branch
 (``book-launch``). So the notebook a reader launches from a page is the one that page was built
 from, and its install cell pins the very commit that built it.
@@ -142,7 +142,7 @@ def binder_files(torch_version: str = "2.13.0") -> dict[str, str]:
     """Binder's environment for the launch branch: CPU torch, then the pins of ``requirements.txt``."""
     return {
         "requirements.txt": (
-            "# Binder's environment for this launch branch (python -m companion.publish binder).\n"
+            "# Binder's environment for this launch branch (python -m companion.book.publish binder).\n"
             "# The CPU build of torch, then the repository's pins; each chapter's first cell installs\n"
             "# the companion itself, from the commit the book was built from.\n"
             "--extra-index-url https://download.pytorch.org/whl/cpu\n"
@@ -159,7 +159,7 @@ def _cmd_config(args: argparse.Namespace) -> None:
     path = Path(args.config)
     text = path.read_text(encoding="utf-8")
     config = published_config(yaml.safe_load(text), args.repository, branch=args.launch_branch)
-    header = (f"# Written by `python -m companion.publish config` for the published build of {args.repository};\n"
+    header = (f"# Written by `python -m companion.book.publish config` for the published build of {args.repository};\n"
               "# the repository's own _config.yml is the offline one.\n")
     path.write_text(header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
     print(f"{path}: repository, issue and launch buttons on ({args.repository}, branch {args.launch_branch})")
@@ -179,7 +179,7 @@ def _cmd_binder(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m companion.publish", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m companion.book.publish", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     config = sub.add_parser("config", help="rewrite _config.yml with the published build's buttons")
     config.add_argument("--repository", required=True, help="OWNER/NAME on GitHub")

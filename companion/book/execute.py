@@ -1,0 +1,169 @@
+"""Executing one chapter with papermill on this interpreter, and the facts recorded about the run."""
+from __future__ import annotations
+
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from companion.figures import FIGURES_ENV
+from companion.book.layout import KERNEL_NAME, Layout, RunFailure
+from companion.book.toc import Chapter
+
+# --------------------------------------------------------------------------------------------
+# Executing one chapter
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def git_commit(root: Path) -> str | None:
+    """Short commit of the checkout, with ``+dirty`` when tracked files are modified."""
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def write_kernelspec(directory: Path) -> Path:
+    """A kernelspec named ``python3`` that runs *this* interpreter, under ``directory``.
+
+    Putting ``directory`` first on JUPYTER_PATH makes papermill pick it over any ``python3``
+    kernel of the user's, so notebooks always run with the packages of the running venv.
+    """
+    spec = directory / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }, indent=1), encoding="utf-8")
+    return directory
+
+
+@contextlib.contextmanager
+def patched_environ(set_: dict[str, str], unset: tuple[str, ...] = ()) -> Iterator[None]:
+    """Temporarily change os.environ (which the kernel process inherits)."""
+    saved = {k: os.environ.get(k) for k in (*set_, *unset)}
+    try:
+        for k in unset:
+            os.environ.pop(k, None)
+        os.environ.update(set_)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _muted_logger(name: str) -> Iterator[None]:
+    """Raise a logger's level to ERROR for the duration."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _error_summary(err: BaseException) -> str:
+    """One line for a notebook failure: the cell and the exception, without ANSI colours."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(err, PapermillExecutionError):
+        text = f"cell {err.exec_count} raised {err.ename}: {err.evalue}"
+    else:
+        text = f"{type(err).__name__}: {err}"
+    return strip_ansi(text)
+
+
+def strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def execute_chapter(
+    chapter: Chapter,
+    params: dict[str, Any],
+    layout: Layout,
+    work: Path,
+    *,
+    show_cells: bool = False,
+    cell_timeout: int | None = None,
+) -> tuple[float, list[Path]]:
+    """Run one notebook with papermill; return its wall time and the figure files it wrote.
+
+    The executed notebook is moved to ``_build/executed`` only on success; on failure the partial
+    notebook goes to ``_build/failed`` and ReproduceError names the chapter and the error.
+    """
+    import papermill
+
+    figures = work / "figures" / chapter.name
+    if figures.exists():
+        shutil.rmtree(figures)
+    figures.mkdir(parents=True)
+    out = work / "executed" / f"{chapter.name}.ipynb"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pythonpath = os.pathsep.join(filter(None, [str(layout.root), os.environ.get("PYTHONPATH")]))
+    jupyter_path = os.pathsep.join(filter(None, [str(work / "jupyter"), os.environ.get("JUPYTER_PATH")]))
+    env = {
+        FIGURES_ENV: str(figures),
+        "JUPYTER_PATH": jupyter_path,
+        "PYTHONPATH": pythonpath,
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",   # silences a debugger warning at kernel start
+    }
+    start = time.perf_counter()
+    # MPLBACKEND is unset so the kernel uses the inline backend and figures land in the notebook.
+    # papermill's own warnings are muted: its parameter-cell parser complains about valid lines
+    # (see declared_parameters), and we only ever pass declared parameters.
+    with patched_environ(env, unset=("MPLBACKEND",)), _muted_logger("papermill"):
+        try:
+            papermill.execute_notebook(
+                str(chapter.path), str(out), parameters=params, kernel_name=KERNEL_NAME,
+                cwd=str(chapter.path.parent), progress_bar=show_cells, log_output=False,
+                request_save_on_cell_execute=False, execution_timeout=cell_timeout,
+            )
+        except Exception as err:  # papermill raises several types; all mean "this chapter failed"
+            kept = ""
+            if out.exists():
+                layout.failed.mkdir(parents=True, exist_ok=True)
+                os.replace(out, layout.failed / out.name)
+                kept = f" (partial notebook: {(layout.failed / out.name).relative_to(layout.root)})"
+            raise RunFailure(f"notebook {chapter.name} failed: {_error_summary(err)}{kept}") from err
+    seconds = time.perf_counter() - start
+    layout.executed.mkdir(parents=True, exist_ok=True)
+    os.replace(out, layout.executed / out.name)
+    stale_failure = layout.failed / out.name
+    if stale_failure.exists():
+        stale_failure.unlink()
+    return seconds, sorted(p for p in figures.iterdir() if not p.name.startswith("."))

@@ -1,0 +1,282 @@
+"""Profiles and notebook parameters: what each chapter declares, what a run passes, checked before it runs."""
+from __future__ import annotations
+
+
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from companion.book.layout import ReproduceError, yaml_module
+from companion.book.toc import Chapter
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles and parameters
+
+
+@dataclass
+class Profile:
+    """Parameters for every notebook (``parameters``) and per chapter (``notebooks``)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    notebooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def available_profiles(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / "profiles").glob("*.yml"))
+
+
+def load_profile(root: Path, name: str) -> Profile:
+    """Load ``profiles/<name>.yml`` (or a YAML file given by path) and check its shape."""
+    path = Path(name) if name.endswith((".yml", ".yaml")) else root / "profiles" / f"{name}.yml"
+    if not path.is_file():
+        known = ", ".join(available_profiles(root)) or "none"
+        raise ReproduceError(f"unknown profile {name!r} (no {path}); available: {known}")
+    yaml = yaml_module()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ReproduceError(f"cannot parse profile {path}: {err}") from err
+    unknown = set(data) - {"description", "parameters", "notebooks"}
+    if unknown:
+        raise ReproduceError(f"profile {path}: unknown keys {sorted(unknown)}")
+    parameters = data.get("parameters") or {}
+    notebooks = data.get("notebooks") or {}
+    if not isinstance(parameters, dict) or not isinstance(notebooks, dict) or not all(
+        isinstance(v, dict) for v in notebooks.values()
+    ):
+        raise ReproduceError(f"profile {path}: 'parameters' and each 'notebooks' entry must be mappings")
+    return Profile(Path(name).stem, str(data.get("description", "")), parameters,
+                   {str(k): v for k, v in notebooks.items()})
+
+
+def parse_value(text: str) -> Any:
+    """A ``-p NAME VALUE`` value: YAML scalars (``8``, ``0.3``, ``true``, ``[1, 2]``), else the text."""
+    yaml = yaml_module()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class NotebookParameter:
+    """One name assigned in a notebook's ``parameters`` cell: its default as written and as a value.
+
+    ``value`` is the default evaluated as a Python literal, or ``_NO_DEFAULT`` when it is not a
+    literal (an expression, or one name of a tuple unpacking); ``comment`` is the comment at the
+    end of the assignment's line, else the comment lines right above it ("" if none).
+    """
+
+    name: str
+    source: str
+    value: Any
+    comment: str
+
+    @property
+    def has_literal_default(self) -> bool:
+        return self.value is not _NO_DEFAULT
+
+
+def _parameters_cell(path: Path) -> str | None:
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return str(cell.source)
+    return None
+
+
+def notebook_parameters(path: Path) -> dict[str, NotebookParameter]:
+    """The parameters a notebook declares in its papermill ``parameters`` cell, in order (empty if none).
+
+    Read with ``ast`` rather than ``papermill.inspect_notebook``: papermill's line parser skips
+    valid assignments whose comment contains ``=`` (e.g. ``vocab = 12  # needs V >= 10``),
+    which would make a declared parameter look undeclared.
+    """
+    import ast
+    import io
+    import tokenize
+
+    source = _parameters_cell(path)
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise ReproduceError(f"{path.name}: the parameters cell is not valid Python: {err}") from err
+    comments: dict[int, str] = {}
+    full_line: set[int] = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+                if not tok.line[:tok.start[1]].strip():
+                    full_line.add(tok.start[0])
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    found: dict[str, NotebookParameter] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets, value = [node.target], node.value
+        else:
+            continue
+        comment = comments.get(node.end_lineno, "") if node.end_lineno not in full_line else ""
+        if not comment:
+            above, line = [], node.lineno - 1
+            while line in full_line:
+                above.insert(0, comments[line])
+                line -= 1
+            comment = " ".join(above)
+        text = ast.get_source_segment(source, value) if value is not None else ""
+        for target in targets:
+            single = isinstance(target, ast.Name) and value is not None and not isinstance(node, ast.AugAssign)
+            literal: Any = _NO_DEFAULT
+            if single:
+                try:
+                    literal = ast.literal_eval(value)
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    literal = _NO_DEFAULT
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name):
+                    shown = (text or "") if single else f"(set by: {ast.get_source_segment(source, node)})"
+                    found[leaf.id] = NotebookParameter(leaf.id, shown, literal, comment)
+    return found
+
+
+def declared_parameters(path: Path) -> set[str]:
+    """Names assigned in the notebook's papermill ``parameters`` cell (empty if it has none)."""
+    return set(notebook_parameters(path))
+
+
+_TYPE_NAMES = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+def _kind(value: Any) -> type | None:
+    """The parameter type a value belongs to: bool, int, float, str, list (lists and tuples), dict; else None."""
+    for t in (bool, int, float, str, dict):
+        if isinstance(value, t):
+            return t
+    if isinstance(value, (list, tuple)):
+        return list
+    return None
+
+
+def value_fits_default(value: Any, default: Any) -> bool:
+    """Whether ``value`` may replace a parameter whose default is ``default``.
+
+    The rule: same kind as the default among bool, int, float, str, list, dict, except that an
+    integer fits a float default; a None default (or one of another type) accepts anything;
+    a list whose default's items are all of one kind must have items of that kind.
+    """
+    want = _kind(default)
+    if default is None or want is None:
+        return True
+    got = _kind(value)
+    if want is float and got is int:
+        return True
+    if got is not want:
+        return False
+    if want is list and default:
+        kinds = {_kind(x) for x in default}
+        if len(kinds) == 1:
+            (item,) = kinds
+            return all(value_fits_default(x, default[0]) for x in value) if item is not None else True
+    return True
+
+
+def _type_error(value: Any, param: NotebookParameter, chapter: str) -> str:
+    want = _TYPE_NAMES.get(_kind(param.value) or object, type(param.value).__name__)
+    if _kind(param.value) is list and param.value and _kind(value) is list:
+        want = f"a list of {_TYPE_NAMES[_kind(param.value[0])].split(' (')[0].removeprefix('an ').removeprefix('a ')}s"
+    hint = ' (quote it to pass a string: \'"..."\')' if isinstance(param.value, str) else ""
+    return (f"{chapter} expects {want} for {param.name} (its default is {param.source}), "
+            f"got {value!r}{hint}")
+
+
+def plan_parameters(
+    chapters: list[Chapter],
+    declared: dict[str, set[str]],
+    profile: Profile,
+    overrides: dict[str, Any],
+    all_names: list[str],
+    defaults: dict[str, dict[str, NotebookParameter]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """The parameters to inject into each chapter: profile-wide values the notebook declares,
+    then the profile's values for that chapter, then the command-line overrides.
+
+    Profile-wide values a notebook does not declare are skipped silently (chapters share one
+    profile); anything named explicitly for a chapter, or on the command line, must be declared.
+    With ``defaults`` (:func:`notebook_parameters` of each chapter), every value must fit the
+    type of the notebook's default (:func:`value_fits_default`), so a mistyped value is refused
+    before any notebook runs.
+    """
+    unknown = set(profile.notebooks) - set(all_names)
+    if unknown:
+        raise ReproduceError(f"profile {profile.name!r} names unknown chapters: {sorted(unknown)}")
+    plans: dict[str, dict[str, Any]] = {}
+    for chapter in chapters:
+        names = declared[chapter.name]
+        params = {k: v for k, v in profile.parameters.items() if k in names}
+        specific = profile.notebooks.get(chapter.name, {})
+        undeclared = set(specific) - names
+        if undeclared:
+            raise ReproduceError(
+                f"profile {profile.name!r} sets {sorted(undeclared)} for {chapter.name}, which declares "
+                f"only {sorted(names)}"
+            )
+        params.update(specific)
+        params.update({k: v for k, v in overrides.items() if k in names})
+        if "device" in params and params["device"] not in DEVICES:
+            raise ReproduceError(f"{chapter.name}: device must be one of {DEVICES}, got {params['device']!r}")
+        for name, value in params.items():
+            param = (defaults or {}).get(chapter.name, {}).get(name)
+            if param is not None and param.has_literal_default and not value_fits_default(value, param.value):
+                origin = (f"-p {name} {value!r}" if name in overrides else
+                          f"profile {profile.name!r} sets {name} to {value!r}")
+                raise ReproduceError(f"{origin}: {_type_error(value, param, chapter.name)}")
+        plans[chapter.name] = params
+    for key in overrides:
+        if not any(key in declared[c.name] for c in chapters):
+            declared_any = sorted(set().union(*(declared[c.name] for c in chapters))) if chapters else []
+            raise ReproduceError(
+                f"-p {key}: no selected chapter declares this parameter (declared: {', '.join(declared_any)})"
+            )
+    return plans
+
+
+def describe_device(device: str | None) -> tuple[str | None, str]:
+    """Resolve ``auto`` and describe the hardware: ``(device, description)``."""
+    cpu = f"{platform.machine() or 'CPU'}, {os.cpu_count()} cores"
+    if device is None or device == "cpu":
+        return device, cpu
+    try:
+        import torch
+    except ImportError:
+        if device == "auto":
+            return "cpu", cpu
+        raise ReproduceError("device 'cuda' requested but torch is not installed") from None
+    available = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if available else "cpu"
+    if device == "cuda":
+        if not available:
+            raise ReproduceError(
+                "device 'cuda' requested but torch sees no CUDA device "
+                f"(torch {torch.__version__}); install a CUDA build of torch or use the cpu profile"
+            )
+        return device, torch.cuda.get_device_name(0)
+    return device, cpu

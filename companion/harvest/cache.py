@@ -1,0 +1,160 @@
+"""The experiment chapters' harvests: made once per configuration, cached under ``runs/``, reused.
+
+:func:`chapter_traces` is what chapters 7 and 8 call: it returns the traces of a finished
+harvest (``traces_dir``), or harvests a preset into a folder named after its configuration
+(:func:`default_traces_dir`), resuming what is there and setting aside a cache made by another
+configuration. The statistics computed on the traces live in :mod:`companion.analysis`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from companion.book.layout import ReproduceError, find_root
+from companion.book.record import describe_harvest
+
+@dataclass(frozen=True)
+class ChapterTraces:
+    """Where a chapter's traces are and what produced them (one harvest, possibly resumed)."""
+
+    traces_dir: Path
+    manifest: dict[str, Any]
+    harvested_rows: int  # rows computed by this call (0: everything was reused)
+
+    @property
+    def preset(self) -> str:
+        return str(self.manifest.get("extra", {}).get("preset", "(unknown)"))
+
+    def describe(self) -> str:
+        """One Markdown line from the harvest's manifest: preset, models (and sizes), dtype, device,
+        prompts, steps and exact ties (``companion.status.describe_harvest``)."""
+        return describe_harvest(self.manifest)
+
+
+def _root() -> Path:
+    """The book project's root (:func:`companion.book.layout.find_root`), else the working directory."""
+    try:
+        return find_root()
+    except ReproduceError:
+        return Path.cwd()
+
+
+def default_traces_dir(preset: str, n_prompts: int, n_steps: int, *, device_type: str = "cpu",
+                       batch_size: int | None = None, seed: int = 0, runs_root: str | os.PathLike[str] | None = None) -> Path:
+    """``<root>/runs/<preset>-<n_prompts>x<n_steps>-<device type>-b<batch>-seed<seed>``.
+
+    ``root`` is the project root (the folder holding ``_toc.yml``, searched upward from the
+    working directory) unless ``runs_root`` names the ``runs`` folder itself. The device type,
+    batch size and seed are in the name because they are part of a harvest's configuration:
+    chapters run with the same parameters share one harvest.
+    """
+    root = Path(runs_root) if runs_root is not None else _root() / "runs"
+    batch = "auto" if batch_size is None else str(batch_size)
+    return root / f"{preset}-{n_prompts}x{n_steps}-{device_type}-b{batch}-seed{seed}"
+
+
+def _load_preset(preset: str, device: torch.device, n_prompts: int, seed: int) -> tuple[Any, Any, Any, list, str]:
+    """Models, tokenizer and prompts of a harvest preset, as ``companion harvest --preset`` loads them."""
+    from companion.harvest import presets as pr
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+
+    spec = pr.get_preset(preset)
+    if spec.target == "default":
+        pr.check_default_assets(["target", "drafter", "prompts"] if spec.prompts == "default" else ["target", "drafter"])
+        target, drafter, tokenizer = load_pair("default", device=device)
+    else:
+        target, drafter, tokenizer = load_pair(spec.target, spec.drafter, spec.tokenizer, device=device)
+    if spec.prompts == "ultrachat":
+        rows = pr.ultrachat_rows(None)
+        prompts = pr.select_ultrachat_prompts(rows, tokenizer, n=n_prompts, min_tokens=spec.min_prompt_tokens,
+                                              seed=seed, enable_thinking=spec.enable_thinking)
+        name = f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
+    else:
+        prompts = load_prompts(spec.prompts)
+        if n_prompts > len(prompts):
+            raise ValueError(f"preset {preset!r} has {len(prompts)} prompts, {n_prompts} were asked for")
+        prompts = prompts[:n_prompts]
+        name = f"{spec.prompts}[:{n_prompts}]"
+    return target, drafter, tokenizer, prompts, name
+
+
+def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
+                   n_steps: int = 64, batch_size: int | None = None, traces_dir: str | os.PathLike[str] = "",
+                   runs_root: str | os.PathLike[str] | None = None, progress: bool = False,
+                   cpu_threads: int | None = 1) -> ChapterTraces:
+    """Harvest (or reuse) the traces an experiment chapter analyses; return where they are.
+
+    * ``traces_dir`` given and holding a complete harvest: it is used as it is (e.g. traces
+      made by ``companion harvest`` on another machine); no model is loaded.
+    * ``traces_dir`` given otherwise: the preset is harvested into it (resuming what is there).
+    * ``traces_dir`` empty: into :func:`default_traces_dir`, a cache shared by the chapters run
+      with the same parameters. ``harvest`` reuses its complete shards; if the cache was
+      made by another configuration (say, retrained models or other package versions), it is
+      moved to ``<dir>.stale`` (replacing an older one) and harvested afresh.
+
+    ``device``: ``"auto"`` (CUDA if present, else the CPU), ``"cpu"``, ``"cuda"``...; models
+    load in bfloat16 on CUDA and float32 on the CPU. Trees are harvested for ``m = 1, 2, 4, 8``
+    (other widths are computed from the stored top-64 probabilities).
+
+    ``cpu_threads``: torch threads while harvesting on the CPU (restored afterwards; None:
+    torch's default). One by default: on a shared two-core machine, two OpenMP threads that
+    wait on each other made the embedded pair's harvest about ten times slower than one
+    (measured: 108 s against 8 s for 1,024 steps), and the tiny models gain nothing from more.
+    """
+    from companion.harvest import harvest, read_manifest
+    from companion.harvest.store import HarvestConfigError
+    from companion.models import resolve_device
+
+    if traces_dir:
+        out = Path(traces_dir)
+        if (out / "manifest.json").is_file():
+            manifest = read_manifest(out)
+            if manifest.get("status") == "complete":
+                return ChapterTraces(out, manifest, 0)
+    dev = resolve_device(None if device == "auto" else device)
+    auto = not traces_dir
+    out = (default_traces_dir(preset, n_prompts, n_steps, device_type=dev.type, batch_size=batch_size, seed=seed,
+                              runs_root=runs_root) if auto else Path(traces_dir))
+    target, drafter, tokenizer, prompts, name = _load_preset(preset, dev, n_prompts, seed)
+    kwargs = dict(n_steps=n_steps, batch_size=batch_size, seed=seed, prompt_set_name=name,
+                  extra={"preset": preset, "chapter_parameters": {"n_prompts": n_prompts, "n_steps": n_steps,
+                                                                  "batch_size": batch_size, "seed": seed}},
+                  progress=progress)
+    before = _runs_done(out)
+    threads = torch.get_num_threads()
+    if dev.type == "cpu" and cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    try:
+        try:
+            manifest = harvest(target, drafter, tokenizer, prompts, out, **kwargs)
+        except HarvestConfigError as err:
+            if not auto or not (out / "manifest.json").is_file():
+                raise
+            stale = out.with_name(out.name + ".stale")
+            print(f"{out} holds traces of another configuration; moving them to {stale} and harvesting again.\n{err}")
+            if stale.exists():
+                shutil.rmtree(stale)
+            os.replace(out, stale)
+            before = 0
+            manifest = harvest(target, drafter, tokenizer, prompts, out, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    if manifest.get("status") != "complete":
+        raise RuntimeError(f"the harvest in {out} is {manifest.get('status')!r}; rerun to finish it")
+    return ChapterTraces(out, manifest, sum(int(r["rows"]) for r in manifest.get("runs", [])[before:]))
+
+
+def _runs_done(out: Path) -> int:
+    """How many harvest runs a directory's manifest records (0 if none): this call's come after them."""
+    try:
+        from companion.harvest import read_manifest
+
+        return len(read_manifest(out).get("runs", []))
+    except (OSError, ValueError, KeyError):
+        return 0
