@@ -282,8 +282,9 @@ def strict_greedy_margin(
     colors = [EXAMPLE_COLORS[i % len(EXAMPLE_COLORS)] for i in range(len(s_values))]
     n = len(s_values)
     for i, (color, s) in enumerate(zip(colors, s_values)):
-        # Keep the runner-up above the evenly spread rest: p2 >= (1 - s)/(V - 2).
-        p2_min = max((1 - s) / (vocab - 2), 1e-3 * s)
+        # Keep the runner-up above the evenly spread rest, p2 >= (1 - s)/(V - 2), with room for
+        # rounding (at equality the last grid point could land a hair below the rest).
+        p2_min = max((1 - s) / (vocab - 2) * (1 + 1e-9), 1e-3 * s)
         # Delta > 0: at an exact tie both top tokens are accepted and the certificate jumps
         # (chapter 1's tie convention), so the grid starts just above it.
         delta = torch.linspace(0.0, s - 2 * p2_min, n_grid + 1, dtype=torch.float64)[1:]
