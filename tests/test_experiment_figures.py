@@ -148,3 +148,132 @@ def test_round_lengths(tr):
         assert np.allclose(line_y(fig, f"measured:{c}"), r.measured[c])
         assert np.allclose(line_y(fig, f"certified:{c}"), r.certified[c])
         assert np.allclose(line_y(fig, f"budget:{c}"), r.budget[c])
+
+
+# -- what a reader needs: legends, labels, sizes, colours, +inf apart --------------------------
+
+from companion.figures import palette as P  # noqa: E402
+from companion.figures import theory as T  # noqa: E402
+from tests.figure_checks import drawn, extent, overlapping, small_texts  # noqa: E402
+
+
+def _all_figures(tr) -> dict[str, Figure]:
+    return {
+        "certificate_cdf": E.certificate_cdf(tr),
+        "certificate_vs_margin": E.certificate_vs_margin(tr, (0.01, 0.1, 0.5), n_bins=4),
+        "run_length_vs_budget": E.run_length_vs_budget(tr, np.logspace(-3, 0, 7)),
+        "drafter_acceptance": E.drafter_acceptance(tr),
+        "tightness_by_margin": E.tightness_by_margin(tr, n_bins=3),
+        "kl_vs_certificate": E.kl_vs_certificate(tr),
+        "tree_coverage": E.tree_coverage(tr),
+        "round_lengths": E.round_lengths(tr, (1, 2, 4, 8)),
+    }
+
+
+@pytest.fixture(scope="module")
+def figs(tr) -> dict[str, Figure]:
+    return _all_figures(tr)
+
+
+def test_every_experiment_figure_is_readable(figs):
+    assert set(figs) == set(E.FIGURE_NAMES)
+    for name, fig in figs.items():
+        assert small_texts(fig) == [], f"{name}: text under 8 pt"
+
+
+def test_tree_widths_have_one_colour_across_the_book(tr):
+    """A width is drawn in the same colour in chapter 5 (theory) and chapters 7-8 (experiments)."""
+    widths = (1, 2, 4, 8)
+    theory = T.tree_margin(widths, n_grid=20)
+    cdf = E.certificate_cdf(tr, tree_widths=(2, 4, 8))
+    runs = E.run_length_vs_budget(tr, np.logspace(-3, 0, 4), tree_widths=(2, 4, 8))
+    margin = E.certificate_vs_margin(tr, (0.1,), n_bins=3, tree_widths=(2, 4, 8))
+    for m in widths:
+        (phi,) = by_gid(theory, f"phi:{m}")
+        drawn_in = {"chapter 5": phi.get_color()}
+        (c,) = by_gid(cdf, f"cdf:tree:{m}")
+        drawn_in["chapter 7 cdf"] = c.get_color()
+        if m > 1:
+            (r,) = by_gid(runs, f"runs:tree:{m}")
+            (med,) = by_gid(margin, f"median:tree:{m}")
+            drawn_in |= {"chapter 7 runs": r.get_color(), "chapter 7 margin": med.get_color()}
+        assert set(drawn_in.values()) == {P.tree_color(m)}, (m, drawn_in)
+    assert E.series_color("tree:4") == P.tree_color(4) and E.series_color("topm:4") == P.criterion_color("topm:4")
+
+
+def test_certificate_vs_margin_marks_infinity_and_vacuous_shares(tr, figs):
+    fig = figs["certificate_vs_margin"]
+    ax0 = fig.axes[0]
+    drawn(fig)
+    labels = [t.get_text() for t in ax0.get_yticklabels()]
+    assert "+\u221e" in labels
+    at = ax0.get_yticks()[labels.index("+\u221e")]
+    margin = tr.column("margin")
+    edges = A.margin_bin_edges(margin, 4)
+    bins = A.bin_index(margin, edges)
+    med = A.median_by_bin(tr.cert("additive:0.3"), bins, 4)
+    assert np.isinf(med).any()  # the synthetic traces have +inf medians, so the band is exercised
+    assert np.allclose(line_y(fig, "median:additive:0.3")[np.isinf(med)], at)
+    # the vacuous share (rho* = +inf) is drawn apart under the certified share, per bin
+    for spec in PAPER_CRITERIA:
+        inf = np.isinf(tr.cert(spec))
+        found = fig.findobj(lambda o: o.get_gid() == f"vacuous:{spec}:eps=0.1")
+        if not inf.any():
+            assert not found
+            continue
+        (area,) = found
+        want, _ = A.fraction_by_bin(inf, bins, 4)
+        v = area.get_paths()[0].vertices
+        top = [v[np.isclose(v[:, 0], b), 1].max() for b in range(4)]
+        assert np.allclose(top, want), spec
+        assert np.all(want <= line_y(fig, f"frac:{spec}:eps=0.1") + 1e-12)  # vacuous is part of certified
+    ticks = [t for t in fig.axes[-1].get_xticklabels() if t.get_text()]
+    assert len(ticks) == 4 and not overlapping([extent(t, fig) for t in ticks])
+
+
+def test_drafter_acceptance_labels_legend_and_vacuous_bars(tr, figs):
+    fig = figs["drafter_acceptance"]
+    ax = fig.axes[0]
+    drawn(fig)
+    labels = ax.get_xticklabels()
+    assert [t.get_text().replace("\n", "") for t in labels] == [r.criterion for r in A.acceptance_table(tr)]
+    boxes = [extent(t, fig) for t in labels]
+    assert not overlapping(boxes)
+    fig_box = fig.bbox
+    assert all(b.x0 >= fig_box.x0 and b.x1 <= fig_box.x1 and b.y0 >= fig_box.y0 for b in boxes)
+    legend = extent(ax.get_legend(), fig)
+    bars = [extent(p, fig) for p in ax.patches if p.get_gid()]
+    assert bars and all(i != 0 for i, _ in overlapping([legend] + bars))  # the legend covers no bar
+    for r in A.acceptance_table(tr):
+        share = float(np.mean(np.isinf(tr.cert(r.criterion))))
+        for attr in ("fwd", "rev"):
+            found = fig.findobj(lambda o: o.get_gid() == f"vacuous_{attr}:{r.criterion}")
+            assert len(found) == 1 and found[0].get_height() == pytest.approx(share)
+            assert share <= getattr(r, f"certified_{attr}") + 1e-12
+
+
+def test_tightness_hatches_vacuous_acceptances(tr, figs):
+    fig = figs["tightness_by_margin"]
+    edges = A.margin_bin_edges(tr.column("margin"), 3)
+    bins = A.bin_index(tr.column("margin"), edges)
+    for spec in PAPER_CRITERIA:
+        inf = np.isinf(tr.cert(spec))
+        found = fig.findobj(lambda o: o.get_gid() == f"vacuous:{spec}")
+        assert bool(found) == bool(inf.any())
+        if found:
+            want, _ = A.fraction_by_bin(inf, bins, 3, where=tr.column(f"accepted[{spec}]"))
+            v = found[0].get_paths()[0].vertices
+            assert np.allclose([v[np.isclose(v[:, 0], b), 1].max() for b in range(3)], np.nan_to_num(want))
+
+
+def test_infinity_is_named_in_cdf_legend_and_kl_axis(tr, figs):
+    cdf = figs["certificate_cdf"]
+    texts = [t.get_text() for t in cdf.axes[0].get_legend().get_texts()]
+    for spec in PAPER_CRITERIA:
+        share = float(np.mean(np.isinf(tr.cert(spec))))
+        (entry,) = [t for t in texts if t.split(" (")[0] == spec]
+        assert (f"({share:.0%} of steps at +\u221e)" in entry) == (share > 0), entry
+    kl = figs["kl_vs_certificate"]
+    drawn(kl)
+    bottom_left = kl.axes[3]  # shared x: the bottom row carries the tick labels
+    assert "+\u221e" in [t.get_text() for t in bottom_left.get_xticklabels()]

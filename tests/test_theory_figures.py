@@ -157,3 +157,129 @@ def test_stochastic_contrast_worst_case_paths():
         rho = float(certificate(paths[idx], "greedy"))
         assert np.all(ok[kl < rho * (1 - 1e-9)] == 1)  # certified region: accepted
         assert np.all(ok[kl > rho * (1 + 1e-9)] == 0)  # beyond the witness: rejected (tightness)
+
+
+# -- what a reader needs: legends, labels, sizes, colours --------------------------------------
+
+from companion.bounds import additive_floor, multiplicative_floor  # noqa: E402
+from companion.figures import palette as P  # noqa: E402
+from tests.figure_checks import drawn, extent, inside, overlapping, small_texts  # noqa: E402
+
+
+def _theory_figures() -> dict[str, Figure]:
+    """Every theory figure, on small versions of the inputs the chapters use."""
+    gen = torch.Generator().manual_seed(3)
+    rand = torch.softmax(3 * torch.randn(200, 12, generator=gen, dtype=torch.float64), -1)
+    q = T.perturb(rand, torch.randn(200, 12, generator=gen, dtype=torch.float64), 0.5)
+    paths = torch.stack([T.two_top_target(torch.tensor(0.7), torch.tensor(0.1), 12),
+                         T.two_top_target(torch.tensor(0.4), torch.tensor(0.37), 12)])
+    return {
+        "criteria_level_sets": T.criteria_level_sets(torch.softmax(-0.45 * torch.arange(12, dtype=torch.float64), 0)),
+        "exact_certificate_witness": T.exact_certificate_witness(
+            torch.tensor([0.30, 0.27, 0.18, 0.10, 0.06, 0.04, 0.03, 0.02], dtype=torch.float64)),
+        "strict_greedy_margin": T.strict_greedy_margin(n_grid=40, vocab=512),
+        "relaxed_criteria_certificates": T.relaxed_criteria_certificates(n_grid=80),
+        "tree_margin": T.tree_margin((1, 2, 4, 8), random_targets=rand, n_grid=80),
+        "stochastic_contrast": T.stochastic_contrast(rand, q, paths, n_steps=61),
+    }
+
+
+@pytest.fixture(scope="module")
+def theory_figs() -> dict[str, Figure]:
+    return _theory_figures()
+
+
+def test_every_theory_figure_is_drawn_and_readable(theory_figs):
+    assert set(theory_figs) == set(T.FIGURE_NAMES)
+    for name, fig in theory_figs.items():
+        assert small_texts(fig) == [], f"{name}: text under 8 pt"
+
+
+def _legend_texts(fig: Figure) -> list[str]:
+    return [t.get_text() for leg in fig.findobj(lambda o: type(o).__name__ == "Legend") for t in leg.get_texts()]
+
+
+def test_relaxed_figure_legend_names_every_floor(theory_figs):
+    fig = theory_figs["relaxed_criteria_certificates"]
+    texts = _legend_texts(fig)
+    ax_a = fig.axes[0]
+    (greedy,) = _by_gid(fig, "cert:greedy")
+    p1 = torch.tensor(greedy.get_xdata(), dtype=torch.float64)
+    expected = {
+        "additive:0.3": np.full(1, float(additive_floor(0.3))),
+        "multiplicative:0.1": multiplicative_floor(0.1, p1).numpy(),
+        "typical:0.09,0.3": multiplicative_floor(0.3, p1).numpy(),  # alpha = delta
+    }
+    legend_handles = ax_a.get_legend().legend_handles
+    for spec, want in expected.items():
+        (floor,) = _by_gid(fig, f"floor:{spec}")
+        assert any(t.startswith(f"floor of {spec}") for t in texts), (spec, texts)
+        # the legend entry is the floor's own line: same colour and dash as drawn
+        entry = [h for h, t in zip(legend_handles, [t.get_text() for t in ax_a.get_legend().get_texts()])
+                 if t.startswith(f"floor of {spec}")]
+        assert entry and entry[0].get_color() == floor.get_color() and entry[0].get_linestyle() == floor.get_linestyle()
+        assert floor.get_color() == P.criterion_color(spec)
+        got = np.asarray(floor.get_ydata(), dtype=float)
+        assert np.allclose(got if want.size > 1 else got[:1], want, rtol=1e-12)
+    # every criterion stays at or above its floor, as the legend says
+    for spec in expected:
+        (cert,) = _by_gid(fig, f"cert:{spec}")
+        (floor,) = _by_gid(fig, f"floor:{spec}")
+        f = np.asarray(floor.get_ydata(), dtype=float)
+        assert np.all(np.asarray(cert.get_ydata()) >= (f if f.size > 2 else f[0]) * (1 - 1e-9))
+
+
+def test_relaxed_figure_marks_infinity_in_a_labelled_band(theory_figs):
+    fig = theory_figs["relaxed_criteria_certificates"]
+    ax_a = fig.axes[0]
+    (band,) = _by_gid(fig, "inf-band")
+    drawn(fig)
+    labels = [t.get_text() for t in ax_a.get_yticklabels()]
+    assert "+\u221e" in labels
+    at = ax_a.get_yticks()[labels.index("+\u221e")]
+    (add,) = _by_gid(fig, "cert:additive:0.3")
+    y = np.asarray(add.get_ydata())
+    p = T.geometric_tail_target(torch.tensor(add.get_xdata(), dtype=torch.float64), 32, 0.7)
+    inf = ~torch.isfinite(certificate(p, "additive:0.3")).numpy()
+    assert inf.any() and np.allclose(y[inf], at)  # +inf drawn on the +inf tick ...
+    assert np.all(y[~inf] < at / 1.8)  # ... and no finite value inside the band
+    assert any(P.INF_LABEL in t.get_text() for t in ax_a.texts)
+
+
+def test_witness_label_sits_inside_its_panel(theory_figs):
+    fig = theory_figs["exact_certificate_witness"]
+    (label,) = _by_gid(fig, "rho-label")
+    ax_c = fig.axes[1]
+    box = extent(label, fig)
+    assert inside(box, ax_c.get_window_extent()), (box, ax_c.get_window_extent())
+    assert not overlapping([box, ax_c.get_legend().get_window_extent()])
+
+
+def test_tree_widths_have_the_palette_colours(theory_figs):
+    fig = theory_figs["tree_margin"]
+    for m in (1, 2, 4, 8):
+        for gid in (f"phi:{m}", f"ratio:{m}"):
+            (ln,) = _by_gid(fig, gid)
+            assert ln.get_color() == P.tree_color(m)
+        (sc,) = _by_gid(fig, f"scatter:{m}")
+        assert np.allclose(sc.get_facecolor()[0][:3], _rgb(P.tree_color(m)))
+    assert P.tree_color(1) == P.criterion_color("greedy")  # the width-1 tree is strict greedy
+
+
+def _rgb(color: str) -> tuple[float, float, float]:
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(color)
+
+
+def test_palette_gives_each_meaning_its_own_colour():
+    trees = [P.tree_color(m) for m in range(2, 9)]
+    kinds = list(P.CRITERION_COLORS.values())
+    assert len(set(trees)) == len(trees) and len(set(kinds)) == len(kinds)
+    assert not set(trees) & set(kinds)
+    assert not set(P.EXAMPLE_COLORS) & (set(trees) | set(kinds) | {P.ACCEPT, P.REJECT, P.NOT_CERTIFIED})
+    # parameters do not change a criterion's colour
+    assert P.criterion_color("additive:0.1") == P.criterion_color("additive:0.3")
+    assert T.criterion_color is P.criterion_color
+    with pytest.raises(ValueError, match="tree width"):
+        P.tree_color(0)

@@ -13,10 +13,23 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from companion import analysis as A
-from companion.figures.theory import criterion_color
+from companion.figures.palette import (
+    ACCEPT,
+    INF_LABEL,
+    LEGEND_SIZE,
+    REJECT,
+    TICK_SIZE,
+    TITLE_SIZE,
+    criterion_color,
+    inf_band,
+    series_label,
+    series_style,
+)
+from companion.figures.palette import series_color as _palette_series_color
 
 __all__ = [
     "FIGURE_NAMES",
@@ -43,16 +56,18 @@ FIGURE_NAMES: dict[str, str] = {
 }
 """Stable ``save_figure`` names of the experiment figures, keyed by function name."""
 
-_TREE_COLORS = {1: "#222222", 2: "#8c564b", 3: "#bcbd22", 4: "#17becf", 5: "#7f7f7f", 6: "#e377c2", 7: "#aec7e8", 8: "#393b79"}
-_ACCEPT, _REJECT = "#4c9a2a", "#c44e52"
+_ACCEPT, _REJECT = ACCEPT, REJECT
 _FLOOR = 1e-8  # smallest value drawn on a log axis (certificates and KL can be 0 on exact ties)
+_VACUOUS_HATCH = "xx"
+_VACUOUS_LABEL = "of which \u03c1* = +\u221e (vacuous: rejects nothing)"
 
 
 def series_color(label: str) -> str:
-    """Colour of a criterion spec (as in the theory chapters) or of ``"tree:m"``."""
-    if label.startswith("tree:"):
-        return _TREE_COLORS.get(int(label.split(":")[1]), "#555555")
-    return criterion_color(label)
+    """Colour of a criterion spec (as in the theory chapters) or of ``"tree:m"`` (as in chapter 5).
+
+    Both come from :mod:`companion.figures.palette`, the one table of the book's colours.
+    """
+    return _palette_series_color(label)
 
 
 def _series(traces: A.Traces, criteria: Sequence[str] | None, tree_widths: Sequence[int],
@@ -64,11 +79,22 @@ def _series(traces: A.Traces, criteria: Sequence[str] | None, tree_widths: Seque
 
 
 def _style(label: str) -> dict:
-    return {"color": series_color(label), "ls": "--" if label.startswith("tree:") else "-", "lw": 1.5}
+    return series_style(label)
 
 
 def _pretty(label: str) -> str:
-    return f"tree m={label.split(':')[1]}" if label.startswith("tree:") else label
+    return series_label(label)
+
+
+def _vacuous_patch():
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor="white", edgecolor="0.3", hatch=_VACUOUS_HATCH, label=_VACUOUS_LABEL)
+
+
+def _margin_ticks(ax, x: np.ndarray, centers: np.ndarray) -> None:
+    ax.set_xticks(x, [f"{c:.2g}" for c in centers], rotation=30, ha="right", rotation_mode="anchor",
+                  fontsize=TICK_SIZE)
 
 
 def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -86,30 +112,37 @@ def certificate_cdf(traces: A.Traces, criteria: Sequence[str] | None = None, tre
                     divergence: str = "forward") -> Figure:
     """(a) Empirical CDF of ``rho*_c`` over all steps for each criterion; (b) tree certificates vs ``log(m+1)``.
 
-    A curve that stops below 1 has that share of steps at ``+inf`` (the criterion rejects nothing).
+    A curve that stops below 1 has that share of steps at ``+inf`` (the criterion rejects
+    nothing); the legend gives the share.
     """
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
     ax_c, ax_t = fig.subplots(1, 2, sharey=True)
     series = _series(traces, criteria, tree_widths, divergence)
+    if tree_widths:  # strict greedy is the width-1 tree: the reference in panel (b), listed first
+        series = {**{k: v for k, v in series.items() if not k.startswith("tree:")},
+                  "tree:1": traces.tree_cert(1, divergence),
+                  **{k: v for k, v in series.items() if k.startswith("tree:")}}
     lo = _FLOOR
     for label, values in series.items():
         x, y = ecdf(values)
         ax = ax_t if label.startswith("tree:") else ax_c
-        (ln,) = ax.step(np.maximum(x, lo), y, where="post", label=_pretty(label), **_style(label))
+        name = "tree m=1 (= greedy)" if label == "tree:1" else _pretty(label)
+        inf_share = float(np.mean(np.isinf(values))) if len(values) else 0.0
+        if inf_share > 0:  # the curve stops below 1: say where the rest of the steps are
+            name += f" ({inf_share:.0%} of steps at +\u221e)"
+        (ln,) = ax.step(np.maximum(x, lo), y, where="post", label=name, **_style(label))
         ln.set_gid(f"cdf:{label}")
-    if tree_widths:  # strict greedy is the width-1 tree: the reference in panel (b)
-        x, y = ecdf(traces.tree_cert(1, divergence))
-        (ln,) = ax_t.step(np.maximum(x, lo), y, where="post", label="tree m=1 (= greedy)", **_style("tree:1"))
-        ln.set_gid("cdf:tree:1")
     for m in tree_widths:
         vl = ax_t.axvline(math.log(m + 1), color=series_color(f"tree:{m}"), lw=0.8, ls=":")
         vl.set_gid(f"ceiling:{m}")
+    div = "p||q" if divergence == "forward" else "q||p"
     for ax, title in ((ax_c, "(a) criteria"), (ax_t, "(b) greedy trees; dotted: ceilings log(m+1)")):
         ax.set_xscale("log")
-        ax.set_xlabel(f"certificate $\\rho^*$ (nats, KL({'p||q' if divergence == 'forward' else 'q||p'}))")
-        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(f"certificate $\\rho^*$ (nats, KL({div}))")
+        ax.set_title(title, fontsize=TITLE_SIZE)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=LEGEND_SIZE, loc="upper left")
+        ax.tick_params(labelsize=TICK_SIZE)
     ax_c.set_ylabel("share of steps with certificate $\\leq$ x")
     return fig
 
@@ -119,9 +152,12 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
                           divergence: str = "forward") -> Figure:
     """Certificates against the target's top-2 margin, in equal-count margin bins.
 
-    (a) median certificate per bin (``+inf`` medians drawn at the top edge); (b..) the share of
-    each bin's steps certified at each KL budget (``rho* > eps``,
-    :func:`companion.analysis.certified_fraction_by_bin`).
+    (a) median certificate per bin; a ``+inf`` median (the criterion rejects nothing on most of
+    the bin) is drawn in a labelled band at the top; (b..) the share of each bin's steps
+    certified at each KL budget (``rho* > eps``,
+    :func:`companion.analysis.certified_fraction_by_bin`). Where a series has ``+inf``
+    certificates, the part of that share that is vacuous (``rho* = +inf``: certified because
+    nothing is rejected) is hatched under its curve. Panels are laid out two per row.
     """
     margin = traces.column("margin")
     edges = A.margin_bin_edges(margin, n_bins)
@@ -129,35 +165,55 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
     curves = A.certified_fraction_by_bin(margin, series, budgets, edges)
     bins = A.bin_index(margin, edges)
     x = np.arange(curves.n_bins)
-    fig = Figure(figsize=(4.0 * (1 + len(budgets)) + 1.5, 4.2), layout="constrained")
-    axes = fig.subplots(1, 1 + len(budgets), squeeze=False).ravel()
+    n_panels = 1 + len(budgets)
+    ncols = 2 if n_panels in (2, 4) else min(n_panels, 3)
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(5.5 * ncols, 3.7 * nrows + 0.9), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True).ravel()
     ax0 = axes[0]
     medians = {label: A.median_by_bin(v, bins, curves.n_bins) for label, v in series.items()}
     finite_max = max([float(np.nanmax(np.where(np.isfinite(m), m, np.nan))) for m in medians.values()
                       if np.isfinite(m).any()] + [1.0])
-    top = finite_max * 3
+    top = finite_max * 4
+    any_inf = False
+    handles = []
     for label, med in medians.items():
-        (ln,) = ax0.plot(x, np.clip(np.where(np.isinf(med), top, med), _FLOOR, None), marker="o", ms=3,
+        any_inf = any_inf or bool(np.isinf(med).any())
+        (ln,) = ax0.plot(x, np.clip(np.where(np.isinf(med), top, med), _FLOOR, None), marker="o", ms=3.5,
                          label=_pretty(label), **_style(label))
         ln.set_gid(f"median:{label}")
-    ax0.axhline(top, color="grey", lw=0.6, ls=":")
-    ax0.text(0, top, " $+\\infty$ (rejects nothing)", va="bottom", fontsize=7, color="grey")
+        handles.append(ln)
     ax0.set_yscale("log")
+    if any_inf:
+        inf_band(ax0, top)
     ax0.set_ylabel("median certificate in bin (nats)")
-    ax0.set_title("(a) certificate vs margin", fontsize=10)
+    ax0.set_title("(a) median certificate vs margin", fontsize=TITLE_SIZE)
+    vacuous = {label: A.fraction_by_bin(np.isinf(v), bins, curves.n_bins)[0] for label, v in series.items()
+               if np.isinf(v).any()}
     for ax, (e, eps) in zip(axes[1:], enumerate(curves.eps)):
         for label, frac in curves.values.items():
-            (ln,) = ax.plot(x, frac[e], marker="o", ms=3, label=_pretty(label), **_style(label))
+            (ln,) = ax.plot(x, frac[e], marker="o", ms=3.5, label=_pretty(label), **_style(label))
             ln.set_gid(f"frac:{label}:eps={eps:g}")
+        for label, vac in vacuous.items():
+            area = ax.fill_between(x, 0, np.nan_to_num(vac), facecolor="none", hatch=_VACUOUS_HATCH, lw=0,
+                                   edgecolor=to_rgba(series_color(label), 0.45))
+            area.set_gid(f"vacuous:{label}:eps={eps:g}")
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("share of bin certified")
-        ax.set_title(f"({chr(ord('b') + e)}) certified at KL budget $\\varepsilon$ = {eps:g}", fontsize=10)
-    labels = [f"{c:.2g}" for c in curves.centers]
-    for ax in axes:
-        ax.set_xticks(x, labels, rotation=45, fontsize=7)
-        ax.set_xlabel("margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
+        ax.set_title(f"({chr(ord('b') + e)}) certified at KL budget $\\varepsilon$ = {eps:g} nats", fontsize=TITLE_SIZE)
+    for ax in axes[n_panels:]:
+        ax.set_visible(False)
+    for i, ax in enumerate(axes[:n_panels]):
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        ax.tick_params(labelsize=TICK_SIZE)
+        if i >= n_panels - ncols:  # bottom panel of each column: ticks and label
+            _margin_ticks(ax, x, curves.centers)
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median)")
+    if vacuous:
+        handles.append(_vacuous_patch())
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=LEGEND_SIZE + 1,
+               frameon=False)
     return fig
 
 
@@ -165,7 +221,7 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
                          tree_widths: Sequence[int] = (2, 4, 8), divergence: str = "forward") -> Figure:
     """Mean certified run length against the per-step KL budget ``eps`` (log scale), per criterion and tree width."""
     curves = A.run_length_curves(traces, eps, criteria, tree_widths, divergence)
-    fig = Figure(figsize=(8.5, 4.5), layout="constrained")
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
     ax = fig.subplots()
     for label, y in curves.items():
         (ln,) = ax.plot(np.asarray(eps), y, label=_pretty(label), **_style(label))
@@ -178,9 +234,11 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
     ax.set_xscale("log")
     ax.set_xlabel("per-step KL budget $\\varepsilon$ (nats)")
     ax.set_ylabel("mean certified run length (tokens)")
-    ax.set_title(f"Tokens guaranteed accepted from a random step (trajectories: mean {mean_len:.0f} steps)", fontsize=10)
+    ax.set_title(f"Tokens guaranteed accepted from a random step (trajectories of {mean_len:.0f} steps on average)",
+                 fontsize=TITLE_SIZE)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.tick_params(labelsize=TICK_SIZE)
+    ax.legend(fontsize=LEGEND_SIZE, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
@@ -188,55 +246,93 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
 
 
 def drafter_acceptance(traces: A.Traces, criteria: Sequence[str] | None = None) -> Figure:
-    """Per criterion: share of steps where the drafter's token is accepted, certified (forward), certified (reverse)."""
+    """Per criterion: share of steps where the drafter's token is accepted, certified (forward), certified (reverse).
+
+    The part of a certified bar that is vacuous (``rho* = +inf``: the criterion rejects nothing,
+    so any draft is "certified") is washed out and cross-hatched. It is the same share in both
+    divergences, since ``rho*`` is ``+inf`` exactly when the rejection region is empty.
+    """
+    from matplotlib.patches import Patch
+
     rows = A.acceptance_table(traces, criteria)
-    fig = Figure(figsize=(8.5, 4.2), layout="constrained")
+    fig = Figure(figsize=(10, 4.4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(rows))
     width = 0.27
     kinds = (("accepted", "accepted", 1.0, None), ("certified_fwd", "certified, KL(p||q) < $\\rho^*$", 0.75, "//"),
              ("certified_rev", "certified, KL(q||p) < $\\rho^*_{rev}$", 0.5, ".."))
+    handles = []
     for i, (attr, label, alpha, hatch) in enumerate(kinds):
         heights = [getattr(r, attr) for r in rows]
-        bars = ax.bar(x + (i - 1) * width, heights, width, label=label, alpha=alpha, hatch=hatch,
+        bars = ax.bar(x + (i - 1) * width, heights, width, alpha=alpha, hatch=hatch,
                       color=[criterion_color(r.criterion) for r in rows], edgecolor="black", lw=0.5)
         for r, patch in zip(rows, bars):
             patch.set_gid(f"{attr}:{r.criterion}")
-    ax.set_xticks(x, [r.criterion for r in rows], rotation=20, fontsize=8)
+        handles.append(Patch(facecolor="0.35", alpha=alpha, hatch=hatch, edgecolor="black", lw=0.5, label=label))
+    vacuous = [float(np.mean(np.isinf(traces.cert(r.criterion, "forward")))) for r in rows]
+    if any(v > 0 for v in vacuous):
+        for i, attr in ((1, "certified_fwd"), (2, "certified_rev")):
+            over = ax.bar(x + (i - 1) * width, vacuous, width, facecolor=(1, 1, 1, 0.6), edgecolor="black",
+                          hatch=_VACUOUS_HATCH, lw=0.5)
+            for r, patch in zip(rows, over):
+                patch.set_gid(f"vacuous_{attr.split('_')[1]}:{r.criterion}")
+        handles.append(_vacuous_patch())
+    # Specs like "typical:0.09,0.3" break after the colon: two short lines, horizontal, never clipped.
+    ax.set_xticks(x, [r.criterion.replace(":", ":\n", 1) for r in rows], fontsize=TICK_SIZE)
+    ax.tick_params(axis="y", labelsize=TICK_SIZE)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("share of steps")
-    ax.set_title("The drafter's greedy token: accepted vs certified", fontsize=10)
+    ax.set_title("The drafter's greedy token: accepted vs certified", fontsize=TITLE_SIZE)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(handles=handles, fontsize=LEGEND_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
 def tightness_by_margin(traces: A.Traces, n_bins: int = 8, criteria: Sequence[str] | None = None,
                         divergence: str = "forward") -> Figure:
-    """(a) share of accepted steps that are certified, per margin bin; (b) actual acceptance per margin bin."""
+    """(a) share of accepted steps that are certified, per margin bin; (b) actual acceptance per margin bin.
+
+    In (a), where a criterion has ``+inf`` certificates, the vacuous part of its tightness (accepted
+    steps with ``rho* = +inf``) is hatched under its curve.
+    """
     margin = traces.column("margin")
     edges = A.margin_bin_edges(margin, n_bins)
     tight = A.tightness_by_bin(traces, edges, criteria, divergence)
     bins = A.bin_index(margin, edges)
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(11, 4.9), layout="constrained")
     ax_t, ax_a = fig.subplots(1, 2, sharex=True)
     x = np.arange(tight.n_bins)
+    handles = []
+    any_vacuous = False
     for c in (traces.criteria if criteria is None else criteria):
-        (ln,) = ax_t.plot(x, tight.values[c], marker="o", ms=3, label=c, **_style(c))
+        (ln,) = ax_t.plot(x, tight.values[c], marker="o", ms=3.5, label=c, **_style(c))
         ln.set_gid(f"tight:{c}")
-        acc, _ = A.fraction_by_bin(traces.column(f"accepted[{c}]"), bins, tight.n_bins)
-        (ln2,) = ax_a.plot(x, acc, marker="o", ms=3, label=c, **_style(c))
+        handles.append(ln)
+        acc_flags = traces.column(f"accepted[{c}]")
+        acc, _ = A.fraction_by_bin(acc_flags, bins, tight.n_bins)
+        (ln2,) = ax_a.plot(x, acc, marker="o", ms=3.5, label=c, **_style(c))
         ln2.set_gid(f"accept:{c}")
+        rho = traces.cert(c, divergence)
+        if np.isinf(rho).any():
+            any_vacuous = True
+            vac, _ = A.fraction_by_bin(np.isinf(rho), bins, tight.n_bins, where=acc_flags)
+            area = ax_t.fill_between(x, 0, np.nan_to_num(vac), facecolor="none", hatch=_VACUOUS_HATCH, lw=0,
+                                     edgecolor=to_rgba(series_color(c), 0.45))
+            area.set_gid(f"vacuous:{c}")
     ax_t.set_ylabel("certified / accepted")
-    ax_t.set_title("(a) tightness: share of acceptances the certificate explains", fontsize=10)
+    ax_t.set_title("(a) tightness: share of acceptances the certificate explains", fontsize=TITLE_SIZE)
     ax_a.set_ylabel("share of bin accepted")
-    ax_a.set_title("(b) actual acceptance of the drafter's token", fontsize=10)
+    ax_a.set_title("(b) actual acceptance of the drafter's token", fontsize=TITLE_SIZE)
     for ax in (ax_t, ax_a):
-        ax.set_xticks(x, [f"{c:.2g}" for c in tight.centers], rotation=45, fontsize=7)
+        _margin_ticks(ax, x, tight.centers)
+        ax.tick_params(labelsize=TICK_SIZE)
         ax.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
-    ax_a.legend(fontsize=7, loc="lower right")
+    if any_vacuous:
+        handles.append(_vacuous_patch())
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=LEGEND_SIZE + 1,
+               frameon=False)
     return fig
 
 
@@ -245,9 +341,12 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
     """One panel per criterion: the drafter's ``KL`` against the target's certificate, step by step.
 
     Below the diagonal ``KL = rho*`` a step is certified; soundness says no red (rejected)
-    point lies there. ``+inf`` certificates are drawn at the right edge, values under
-    ``1e-8`` at ``1e-8``. At most ``max_points`` steps are drawn (a seeded sample).
+    point lies there. ``+inf`` certificates are drawn in a grey band at the right edge (tick
+    ``+inf``), values under ``1e-8`` at ``1e-8``. At most ``max_points`` steps are drawn (a
+    seeded sample).
     """
+    from matplotlib.lines import Line2D
+
     crits = list(traces.criteria if criteria is None else criteria)
     kl = traces.kl(divergence)
     n = len(kl)
@@ -255,15 +354,17 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
     if n > max_points:
         idx = np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
     nrows = math.ceil(len(crits) / ncols)
-    fig = Figure(figsize=(3.8 * ncols, 3.5 * nrows), layout="constrained")
+    fig = Figure(figsize=(3.8 * ncols, 3.4 * nrows + 0.5), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
     rho_all = np.concatenate([traces.cert(c, divergence)[idx] for c in crits]) if crits else np.zeros(0)
     finite = rho_all[np.isfinite(rho_all)]
     kl_drawn = kl[idx]
     right = max(float(finite.max()) if finite.size else 1.0, float(kl_drawn.max()) if n else 1.0) * 3
+    any_inf = bool(np.isinf(rho_all).any())
     # Floors: half the smallest positive value on each axis (zeros, e.g. exact ties, are drawn there).
     x_floor = max(_FLOOR, float(finite[finite > 0].min()) / 2) if np.any(finite > 0) else _FLOOR
     y_floor = max(_FLOOR, float(kl_drawn[kl_drawn > 0].min()) / 2) if np.any(kl_drawn > 0) else _FLOOR
+    lo = min(x_floor, y_floor)
     for ax, c in zip(axes, crits):
         rho = traces.cert(c, divergence)[idx]
         acc = traces.column(f"accepted[{c}]")[idx].astype(bool)
@@ -272,23 +373,35 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
         for mask, color, label, gid in ((acc, _ACCEPT, "accepted", "accepted"), (~acc, _REJECT, "rejected", "rejected")):
             sc = ax.scatter(xs[mask], ys[mask], s=4, alpha=0.4, color=color, label=label, lw=0, rasterized=True)
             sc.set_gid(f"scatter:{c}:{gid}")
-        lo = min(x_floor, y_floor)
-        ax.plot([lo, right], [lo, right], color="black", lw=0.8)
-        ax.axvline(right, color="grey", lw=0.6, ls=":")
+        diag = right / 1.8 if any_inf else right
+        ax.plot([lo, diag], [lo, diag], color="black", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(x_floor / 1.5, right * 1.5)
         ax.set_ylim(y_floor / 1.5, right * 1.5)
-        ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=9)
+        ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=TITLE_SIZE - 1)
         ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=TICK_SIZE)
+    if any_inf and crits:
+        for ax in axes[:len(crits)]:
+            inf_band(ax, right, axis="x", label="")
     for ax in axes[len(crits):]:
         ax.set_visible(False)
+    kl_name = "KL(p||q)" if divergence == "forward" else "KL(q||p)"
     for ax in axes[::ncols]:
-        ax.set_ylabel("drafter KL(p||q) (nats)" if divergence == "forward" else "drafter KL(q||p) (nats)")
+        ax.set_ylabel(f"drafter {kl_name} (nats)")
     for ax in axes[-ncols:]:
-        ax.set_xlabel("certificate $\\rho^*(p)$ (right edge: $+\\infty$)")
+        ax.set_xlabel("certificate $\\rho^*(p)$ (nats)")
     if crits:
-        axes[0].legend(fontsize=7, loc="upper left", markerscale=3)
+        handles = [Line2D([], [], ls="none", marker="o", ms=5, color=_ACCEPT, alpha=0.6, label="accepted"),
+                   Line2D([], [], ls="none", marker="o", ms=5, color=_REJECT, alpha=0.6, label="rejected"),
+                   Line2D([], [], color="black", lw=0.8, label=f"{kl_name} = $\\rho^*$: certified below")]
+        if any_inf:
+            from matplotlib.patches import Patch
+
+            handles.append(Patch(facecolor="0.85", label=INF_LABEL))
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=LEGEND_SIZE + 1,
+                   frameon=False)
     return fig
 
 
@@ -298,17 +411,18 @@ def tree_coverage(traces: A.Traces, widths: Sequence[int] = tuple(range(1, 9)), 
     fig = Figure(figsize=(7, 4.2), layout="constrained")
     ax = fig.subplots()
     (l1,) = ax.plot(cov.widths, cov.covered, marker="o", color=_ACCEPT, label="covered (actual)")
-    (l2,) = ax.plot(cov.widths, cov.certified, marker="s", color="#1f77b4", ls="--",
+    (l2,) = ax.plot(cov.widths, cov.certified, marker="s", color="0.25", ls="--",
                     label="certified: KL < $\\rho^*_{tree}$")
     l1.set_gid("covered")
     l2.set_gid("certified")
     ax.set_xticks(cov.widths)
+    ax.tick_params(labelsize=TICK_SIZE)
     ax.set_xlabel("tree width m (drafter's top-m tokens)")
     ax.set_ylabel("share of steps")
     ax.set_ylim(0, 1.03)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("Greedy trees: the target's token among the drafter's top m", fontsize=10)
+    ax.legend(fontsize=LEGEND_SIZE, loc="lower right")
+    ax.set_title("Greedy trees: the target's token among the drafter's top m", fontsize=TITLE_SIZE)
     return fig
 
 
@@ -318,10 +432,13 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
 
     Definitions in :func:`companion.analysis.accepted_length_per_round`; the grey line is ``K``.
     """
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
     r = A.accepted_length_per_round(traces, draft_lengths, criteria, eps, divergence)
     crits = list(r.measured)
     nrows = math.ceil(len(crits) / ncols)
-    fig = Figure(figsize=(3.8 * ncols, 3.3 * nrows), layout="constrained")
+    fig = Figure(figsize=(3.8 * ncols, 3.2 * nrows + 0.5), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
     k = r.draft_lengths
     for ax, c in zip(axes, crits):
@@ -333,15 +450,23 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
         a.set_gid(f"measured:{c}")
         b.set_gid(f"certified:{c}")
         d.set_gid(f"budget:{c}")
-        ax.set_title(c, fontsize=9)
+        ax.set_title(c, fontsize=TITLE_SIZE - 1)
         ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=TICK_SIZE)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, float(k.max()) * 1.05 if k.size else 1.0)  # shared: no panel hides its lines
     for ax in axes[len(crits):]:
         ax.set_visible(False)
     for ax in axes[::ncols]:
         ax.set_ylabel("accepted draft tokens / round")
     for ax in axes[-ncols:]:
-        ax.set_xlabel("draft length K")
+        ax.set_xlabel("draft length K (tokens)")
     if crits:
-        axes[0].legend(fontsize=7, loc="upper left")
+        key = "0.3"
+        handles = [Line2D([], [], color=key, lw=1.8, label="measured"),
+                   Line2D([], [], color=key, lw=1.4, ls="--", label="certified (per-step KL)"),
+                   Line2D([], [], color=key, lw=1.2, ls=":", label=f"prediction at budget $\\varepsilon$ = {r.eps:.2g} nats"),
+                   Line2D([], [], color="grey", lw=0.6, label="K: every draft token accepted")]
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=LEGEND_SIZE + 1,
+                   frameon=False)
     return fig

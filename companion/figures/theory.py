@@ -34,6 +34,18 @@ from companion.criteria import (
     Typical,
     parse_criterion,
 )
+from companion.figures.palette import (
+    ACCEPT,
+    EXAMPLE_COLORS,
+    LEGEND_SIZE,
+    NOT_CERTIFIED,
+    REJECT,
+    TICK_SIZE,
+    TITLE_SIZE,
+    criterion_color,
+    inf_band,
+    tree_color,
+)
 from companion.stochastic import acceptance_probability, pinsker_lower_bound
 
 __all__ = [
@@ -75,21 +87,7 @@ LEVEL_SET_CRITERIA: tuple[str, ...] = (
 
 RELAXED_CRITERIA = LEVEL_SET_CRITERIA
 
-_KIND_COLORS = {
-    "greedy": "#222222",
-    "additive": "#1f77b4",
-    "multiplicative": "#ff7f0e",
-    "topm": "#2ca02c",
-    "topk-delta": "#9467bd",
-    "typical": "#d62728",
-}
-_TREE_COLORS = ("#222222", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
-_ACCEPT, _REJECT = "#4c9a2a", "#c44e52"
-
-
-def criterion_color(spec: str) -> str:
-    """A fixed colour per criterion kind (``greedy``, ``additive``, ...), shared by all figures."""
-    return _KIND_COLORS[str(parse_criterion(spec)).split(":")[0]]
+_ACCEPT, _REJECT = ACCEPT, REJECT
 
 
 # -- target families ------------------------------------------------------------------------
@@ -167,13 +165,16 @@ def criteria_level_sets(p: Tensor, criteria: Sequence[str] = LEVEL_SET_CRITERIA,
     the dashed line is ``tau(p)``; the outlined bar is the boundary token ``y*`` (the most likely
     rejected token, whose cost is the certificate).
     """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     p = torch.as_tensor(p, dtype=torch.float64)
     if p.dim() != 1:
         raise ValueError("p must be one distribution (1-d)")
     ps = torch.sort(p / p.sum(), descending=True).values
     ranks = np.arange(1, ps.numel() + 1)
     nrows = math.ceil(len(criteria) / ncols)
-    fig = Figure(figsize=(3.6 * ncols, 2.9 * nrows), layout="constrained")
+    fig = Figure(figsize=(3.6 * ncols, 2.9 * nrows + 0.4), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
     for ax, spec in zip(axes, criteria):
         c = parse_criterion(spec)
@@ -199,17 +200,13 @@ def criteria_level_sets(p: Tensor, criteria: Sequence[str] = LEVEL_SET_CRITERIA,
     for ax in axes[::ncols]:
         ax.set_ylabel("$p_y$ (log scale)")
     handles = [
-        _patch(_ACCEPT, "accepted ($p_y$ at or above \u03c4)"),
-        _patch(_REJECT, "rejected: R(p), a lower level set"),
+        Patch(facecolor=_ACCEPT, label="accepted: $p_y$ \u2265 \u03c4 (> \u03c4 for typical)"),
+        Patch(facecolor=_REJECT, label="rejected: R(p), a lower level set"),
+        Patch(facecolor=_REJECT, edgecolor="black", lw=1.6, label="y*: most likely rejected token"),
+        Line2D([], [], color="black", ls="--", lw=1, label="threshold \u03c4(p)"),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=9, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=LEGEND_SIZE + 1, frameon=False)
     return fig
-
-
-def _patch(color: str, label: str):
-    from matplotlib.patches import Patch
-
-    return Patch(facecolor=color, label=label)
 
 
 # -- chapter 2 ------------------------------------------------------------------------------
@@ -225,23 +222,24 @@ def exact_certificate_witness(p: Tensor, criterion: str = "topm:2") -> Figure:
     v = ps.numel()
     x = np.arange(1, v + 1)
     rejected = c.rejection_mask(ps).numpy()
-    fig = Figure(figsize=(10.5, 3.6), layout="constrained")
+    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
     ax_q, ax_c = fig.subplots(1, 2)
     w = 0.27
     ax_q.bar(x - w, ps.numpy(), width=w, color="0.6", label="target $p$")
-    styles = {"forward": ("#1f77b4", "KL(p||q)"), "reverse": ("#ff7f0e", "KL(q||p)")}
+    # Forward and reverse are two divergences, not criteria: two colours used for nothing else.
+    styles = {"forward": (EXAMPLE_COLORS[0], "KL(p||q)"), "reverse": (EXAMPLE_COLORS[1], "KL(q||p)")}
     for shift, div in zip((0.0, w), ("forward", "reverse")):
         q = witness(ps, c, div)
         rho = float(certificate(ps, c, div))
         color, name = styles[div]
-        b = ax_q.bar(x + shift, q.numpy(), width=w, color=color, label=f"$q^*$, {name}: \u03c1* = {rho:.4f}")
+        b = ax_q.bar(x + shift, q.numpy(), width=w, color=color, label=f"$q^*$, {name}: \u03c1* = {rho:.4f} nats")
         for patch in b:
             patch.set_gid(f"witness:{div}")
     ax_q.set_xlabel("rank of token under p")
     ax_q.set_ylabel("probability")
     ax_q.set_xticks(x)
-    ax_q.set_title(f"(a) minimisers for {c}: flat on the pool", fontsize=10)
-    ax_q.legend(fontsize=8, frameon=False)
+    ax_q.set_title(f"(a) minimisers for {c}: flat on the pool", fontsize=TITLE_SIZE)
+    ax_q.legend(fontsize=LEGEND_SIZE, frameon=False)
     ids = torch.arange(v)
     for div in ("forward", "reverse"):
         color, name = styles[div]
@@ -254,14 +252,16 @@ def exact_certificate_witness(p: Tensor, criterion: str = "topm:2") -> Figure:
         for div in ("forward", "reverse"):
             rho = float(certificate(ps, c, div))
             ax_c.plot([first], [rho], marker="*", ms=14, color=styles[div][0], mec="black", ls="none")
-        ax_c.annotate("\u03c1* = C(p, y*)", (first, float(certificate(ps, c, "forward"))),
-                      xytext=(-95, 40), textcoords="offset points", fontsize=9,
-                      arrowprops={"arrowstyle": "->", "lw": 0.8})
+        # The label sits inside the axes, above and left of the star, clear of the legend and curves.
+        ann = ax_c.annotate("\u03c1* = C(p, y*)", (first, float(certificate(ps, c, "forward"))),
+                            xytext=(0.06, 0.42), textcoords="axes fraction", fontsize=LEGEND_SIZE + 1,
+                            ha="left", va="bottom", arrowprops={"arrowstyle": "->", "lw": 0.8})
+        ann.set_gid("rho-label")
     ax_c.set_xlabel("proposed token y (rank under p)")
-    ax_c.set_ylabel("cost of making y the draft's argmax")
+    ax_c.set_ylabel("cost C(p, y) of making y the argmax (nats)")
     ax_c.set_xticks(x)
-    ax_c.set_title("(b) per-token cost: non-increasing in $p_y$", fontsize=10)
-    ax_c.legend(fontsize=8, frameon=False, loc="upper left")
+    ax_c.set_title("(b) per-token cost: non-increasing in $p_y$", fontsize=TITLE_SIZE)
+    ax_c.legend(fontsize=LEGEND_SIZE, frameon=False, loc="upper left")
     return fig
 
 
@@ -276,12 +276,15 @@ def strict_greedy_margin(
     ``Delta^2/(2s) <= rho* <= Delta^2/s`` shaded and the ceiling ``log 2``; (b) the ratio
     ``rho* / (Delta^2/(2s))`` against ``Delta/s``: every ``s`` falls on one curve from 1 to
     ``2 log 2``."""
-    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
+    fig = Figure(figsize=(10.5, 3.9), layout="constrained")
     ax_a, ax_b = fig.subplots(1, 2)
-    colors = _TREE_COLORS[1:]
-    for color, s in zip(colors, s_values):
-        # Keep the runner-up above the evenly spread rest: p2 >= (1 - s)/(V - 2).
-        p2_min = max((1 - s) / (vocab - 2), 1e-3 * s)
+    # s is a parameter of the target, neither a criterion nor a tree: the example colours.
+    colors = [EXAMPLE_COLORS[i % len(EXAMPLE_COLORS)] for i in range(len(s_values))]
+    n = len(s_values)
+    for i, (color, s) in enumerate(zip(colors, s_values)):
+        # Keep the runner-up above the evenly spread rest, p2 >= (1 - s)/(V - 2), with room for
+        # rounding (at equality the last grid point could land a hair below the rest).
+        p2_min = max((1 - s) / (vocab - 2) * (1 + 1e-9), 1e-3 * s)
         # Delta > 0: at an exact tie both top tokens are accepted and the certificate jumps
         # (chapter 1's tie convention), so the grid starts just above it.
         delta = torch.linspace(0.0, s - 2 * p2_min, n_grid + 1, dtype=torch.float64)[1:]
@@ -293,23 +296,26 @@ def strict_greedy_margin(
         (ln,) = ax_a.plot(d, rho.numpy(), color=color, lw=2, label=f"s = {s:g}")
         ln.set_gid(f"cert:s={s:g}")
         u = delta / s
-        (ln2,) = ax_b.plot(u.numpy(), (rho / lower).numpy(), color=color, lw=2, label=f"s = {s:g}")
+        # The curves coincide: draw the first widest so that every one stays visible.
+        (ln2,) = ax_b.plot(u.numpy(), (rho / lower).numpy(), color=color, lw=2 + 2.5 * (n - 1 - i),
+                           label=f"s = {s:g}", solid_capstyle="butt")
         ln2.set_gid(f"ratio:s={s:g}")
     ax_a.axhline(math.log(2), color="0.3", ls=":", lw=1)
-    ax_a.text(0.02, math.log(2), "ceiling log 2", va="bottom", fontsize=8, color="0.3")
+    ax_a.text(0.02, math.log(2), "ceiling log 2", va="bottom", fontsize=LEGEND_SIZE, color="0.3")
     ax_a.set_xlabel("margin \u0394 = p(1) \u2212 p(2)")
     ax_a.set_ylabel("\u03c1*  (nats, forward KL)")
-    ax_a.set_title("(a) certificate; band: \u0394\u00b2/(2s) \u2264 \u03c1* \u2264 \u0394\u00b2/s", fontsize=10)
-    ax_a.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ax_a.set_title("(a) certificate; band: \u0394\u00b2/(2s) \u2264 \u03c1* \u2264 \u0394\u00b2/s", fontsize=TITLE_SIZE)
+    ax_a.legend(fontsize=LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     ax_b.axhline(1.0, color="0.3", ls="--", lw=1)
     ax_b.axhline(2 * math.log(2), color="0.3", ls=":", lw=1)
     ax_b.axhline(2.0, color="0.6", ls="-.", lw=1)
-    ax_b.text(0.02, 2 * math.log(2), "2 log 2 (sharp)", va="bottom", fontsize=8, color="0.3")
-    ax_b.text(0.02, 2.0, "2 (upper bound \u0394\u00b2/s)", va="bottom", fontsize=8, color="0.5")
+    ax_b.text(0.02, 2 * math.log(2), "2 log 2 (sharp)", va="bottom", fontsize=LEGEND_SIZE, color="0.3")
+    ax_b.text(0.02, 2.0, "2 (upper bound \u0394\u00b2/s)", va="bottom", fontsize=LEGEND_SIZE, color="0.4")
     ax_b.set_ylim(0.9, 2.15)
     ax_b.set_xlabel("relative margin u = \u0394 / s")
     ax_b.set_ylabel("\u03c1* / (\u0394\u00b2 / 2s)")
-    ax_b.set_title("(b) one curve for every s: 2 \u03c6\u2081(u)/u\u00b2", fontsize=10)
+    ax_b.set_title("(b) one curve for every s: 2 \u03c6\u2081(u)/u\u00b2", fontsize=TITLE_SIZE)
+    ax_b.legend(fontsize=LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0.85))
     return fig
 
 
@@ -325,16 +331,20 @@ def relaxed_criteria_certificates(
     budget: float | None = 0.02,
 ) -> Figure:
     """Forward certificates of each criterion along :func:`geometric_tail_target` (top-1 ``p1``,
-    geometric tail), against ``p1``: (a) the certificates (log scale) with the additive and
-    multiplicative floors dashed, ``+inf`` (nothing rejected) drawn as a band at the top, and a
-    KL ``budget`` (a step is certified where the curve lies above it); (b) each certificate divided by strict greedy's, against the top-2 margin (log-log): the
-    enlargement grows without bound as the margin closes."""
+    geometric tail), against ``p1``: (a) the certificates (log scale) with their floors (additive
+    and multiplicative dashed, typical's multiplicative-``delta`` floor dotted; each in the
+    legend), ``+inf`` (nothing rejected) drawn in a labelled band at the top, and a KL
+    ``budget`` (a step is certified where the curve lies above it); (b) each certificate divided
+    by strict greedy's, against the top-2 margin (log-log): the enlargement grows without bound
+    as the margin closes."""
+    from matplotlib.lines import Line2D
+
     tie = geometric_tail_tie(vocab, ratio)
     p1 = tie + (1 - tie) * torch.linspace(0, 1, n_grid + 2, dtype=torch.float64)[1:-1]
     p = geometric_tail_target(p1, vocab, ratio)
     gamma = (p[:, 0] - p[:, 1]).numpy()
     greedy = certificate(p, StrictGreedy())
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(11, 4.6), layout="constrained")
     ax_a, ax_b = fig.subplots(1, 2)
     x = p1.numpy()
     finite_max = 0.0
@@ -345,47 +355,62 @@ def relaxed_criteria_certificates(
         certs[str(c)] = rho
         fin = torch.isfinite(rho)
         finite_max = max(finite_max, float(rho[fin].max()) if bool(fin.any()) else 0.0)
-    top = 3.0 * finite_max
+    top = 4.0 * finite_max
+    any_inf = False
+    handles, floor_handles = [], []
     for spec in criteria:
         c = parse_criterion(spec)
         rho = certs[str(c)]
         color = criterion_color(str(c))
+        any_inf = any_inf or not bool(torch.isfinite(rho).all())
         shown = torch.where(torch.isfinite(rho), rho, torch.full_like(rho, top)).numpy()
         lw = 2.4 if isinstance(c, StrictGreedy) else 1.6
         (ln,) = ax_a.plot(x, shown, color=color, lw=lw, label=str(c))
         ln.set_gid(f"cert:{c}")
+        handles.append(ln)
         ratio_c = (rho / greedy).numpy()
         if not isinstance(c, StrictGreedy):
             (ln2,) = ax_b.plot(gamma, np.where(np.isfinite(ratio_c), ratio_c, np.nan), color=color, lw=1.6, label=str(c))
             ln2.set_gid(f"ratio:{c}")
+        floor = None
         if isinstance(c, AdditiveRelaxed):
-            ax_a.axhline(float(additive_floor(c.delta)), color=color, ls="--", lw=1)
-            inf = ~torch.isfinite(rho).numpy()
-            if inf.any():
-                ax_a.fill_between(x, top, top * 1.6, where=inf, color=color, alpha=0.25, lw=0)
-                ax_a.text(x[inf].max(), top * 1.25, "  \u03c1* = \u221e (nothing rejected)", ha="left",
-                          va="center", fontsize=7, color=color)
-        if isinstance(c, MultiplicativeRelaxed):
-            ax_a.plot(x, multiplicative_floor(c.alpha, p1).numpy(), color=color, ls="--", lw=1)
-        if isinstance(c, Typical):
-            ax_a.plot(x, multiplicative_floor(min(c.delta, 1.0), p1).numpy(), color=color, ls=":", lw=1)
+            floor = ax_a.axhline(float(additive_floor(c.delta)), color=color, ls="--", lw=1.1,
+                                 label=f"floor of {c}")
+        elif isinstance(c, MultiplicativeRelaxed):
+            (floor,) = ax_a.plot(x, multiplicative_floor(c.alpha, p1).numpy(), color=color, ls="--", lw=1.1,
+                                 label=f"floor of {c}")
+        elif isinstance(c, Typical):
+            (floor,) = ax_a.plot(x, multiplicative_floor(min(c.delta, 1.0), p1).numpy(), color=color, ls=":", lw=1.3,
+                                 label=f"floor of {c} (multiplicative, \u03b1 = \u03b4)")
+        if floor is not None:
+            floor.set_gid(f"floor:{c}")
+            floor_handles.append(floor)
+    handles += floor_handles
     if budget is not None:
         ln = ax_a.axhline(budget, color="0.45", lw=4, alpha=0.25)
         ln.set_gid("budget")
-        ax_a.text(x[-1], budget, f"KL budget \u03b5 = {budget:g}", ha="right", va="bottom", fontsize=7, color="0.35")
+        ax_a.text(x[-1], budget, f"KL budget \u03b5 = {budget:g}", ha="right", va="bottom",
+                  fontsize=LEGEND_SIZE, color="0.3")
+        handles.append(Line2D([], [], color="0.45", lw=4, alpha=0.25, label=f"KL budget \u03b5 = {budget:g} nats"))
     ax_a.set_yscale("log")
-    ax_a.set_ylim(1e-5, top * 1.6)
+    ax_a.set_ylim(bottom=1e-5)
+    if any_inf:
+        inf_band(ax_a, top)
+    else:
+        ax_a.set_ylim(top=top)
     ax_a.set_xlabel("target top-1 probability p(1)")
     ax_a.set_ylabel("\u03c1*  (nats, forward KL)")
-    ax_a.set_title(f"(a) certificates; dashed: floors (geometric tail, V={vocab}, ratio {ratio:g})", fontsize=9)
-    ax_a.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_a.set_title(f"(a) certificates and floors (geometric tail, V = {vocab}, ratio {ratio:g})", fontsize=TITLE_SIZE)
+    ax_a.legend(handles=handles, fontsize=LEGEND_SIZE, frameon=False, loc="lower right")
     ax_b.set_xscale("log")
     ax_b.set_yscale("log")
     ax_b.axhline(1.0, color="0.3", lw=1)
     ax_b.set_xlabel("top-2 margin \u03b3 = p(1) \u2212 p(2)")
     ax_b.set_ylabel("\u03c1*(criterion) / \u03c1*(greedy)")
-    ax_b.set_title("(b) enlargement over strict greedy", fontsize=9)
-    ax_b.legend(fontsize=7, frameon=False)
+    ax_b.set_title("(b) enlargement over strict greedy (finite \u03c1* only)", fontsize=TITLE_SIZE)
+    ax_b.legend(fontsize=LEGEND_SIZE, frameon=False)
+    for ax in (ax_a, ax_b):
+        ax.tick_params(labelsize=TICK_SIZE)
     return fig
 
 
@@ -399,19 +424,26 @@ def tree_margin(
     n_grid: int = 400,
 ) -> Figure:
     """(a) The margin-only tree certificate ``phi_m(gamma)`` (solid) against the quadratic
-    ``(m+1) gamma^2/4`` quoted by secondary summaries (dashed) and the ceilings ``log(m+1)``;
-    (b) ``phi_m(gamma)/gamma^2`` with the constants ``(m+1)/4`` (dashed) and the sharp global
-    constant ``c_m`` (dots at its minimiser); (c) exact tree certificates of ``random_targets``
-    against their top-2 margin, above their envelope ``phi_m`` (only when targets are given)."""
+    ``(m+1) gamma^2/4`` quoted by secondary summaries (dashed) and the ceilings ``log(m+1)``
+    (dotted); (b) ``phi_m(gamma)/gamma^2`` with the constants ``(m+1)/4`` (dashed) and the sharp
+    global constant ``c_m`` (dots at its minimiser); (c) exact tree certificates of
+    ``random_targets`` against their top-2 margin, above their envelope ``phi_m`` (only when
+    targets are given). Each width has its colour from :func:`companion.figures.palette.tree_color`,
+    the same as in chapters 7 and 8."""
+    from matplotlib.lines import Line2D
+
     panels = 3 if random_targets is not None else 2
-    fig = Figure(figsize=(4.0 * panels, 3.9), layout="constrained")
+    fig = Figure(figsize=(4.0 * panels, 4.2), layout="constrained")
     axes = fig.subplots(1, panels)
     g = torch.linspace(0, 1, n_grid + 1, dtype=torch.float64)
     gpos = g[1:]
-    for color, m in zip(_TREE_COLORS, widths):
+    width_handles = []
+    for m in widths:
+        color = tree_color(m)
         phi = margin_only_bound(g, m)
         (ln,) = axes[0].plot(g.numpy(), phi.numpy(), color=color, lw=2, label=f"m = {m}")
         ln.set_gid(f"phi:{m}")
+        width_handles.append(ln)
         (ln,) = axes[0].plot(g.numpy(), ((m + 1) * g**2 / 4).numpy(), color=color, lw=1, ls="--")
         ln.set_gid(f"secondary:{m}")
         axes[0].axhline(math.log(m + 1), color=color, lw=0.8, ls=":")
@@ -421,18 +453,27 @@ def tree_margin(
         axes[1].axhline((m + 1) / 4, color=color, lw=1, ls="--")
         if m >= 2:
             axes[1].plot([(m - 1) / m], [tree_quadratic_constant(m)], "o", color=color, ms=5)
+    key = "0.3"
+    style_a = [Line2D([], [], color=key, lw=2, label="\u03c6\u2098(\u03b3)"),
+               Line2D([], [], color=key, lw=1, ls="--", label="(m+1)\u03b3\u00b2/4"),
+               Line2D([], [], color=key, lw=0.8, ls=":", label="log(m+1)")]
+    style_b = [Line2D([], [], color=key, lw=2, label="\u03c6\u2098(\u03b3)/\u03b3\u00b2"),
+               Line2D([], [], color=key, lw=1, ls="--", label="(m+1)/4"),
+               Line2D([], [], color=key, ls="none", marker="o", ms=5, label="sharp c\u2098 (minimum)")]
     axes[0].set_xlabel("top-2 margin \u03b3")
     axes[0].set_ylabel("nats (forward KL)")
-    axes[0].set_title("(a) \u03c6\u2098(\u03b3) solid; (m+1)\u03b3\u00b2/4 dashed; log(m+1) dotted", fontsize=9)
-    axes[0].legend(fontsize=8, frameon=False, loc="upper left")
+    axes[0].set_title("(a) margin-only certificate \u03c6\u2098(\u03b3)", fontsize=TITLE_SIZE)
+    axes[0].legend(handles=width_handles + style_a, fontsize=LEGEND_SIZE, frameon=False, loc="upper left")
     axes[1].set_xlabel("top-2 margin \u03b3")
-    axes[1].set_ylabel("\u03c6\u2098(\u03b3) / \u03b3\u00b2")
-    axes[1].set_title("(b) quadratic constants: (m+1)/4 dashed, min c\u2098 dots", fontsize=9)
+    axes[1].set_ylabel("\u03c6\u2098(\u03b3) / \u03b3\u00b2  (nats)")
+    axes[1].set_title("(b) quadratic constants", fontsize=TITLE_SIZE)
+    axes[1].legend(handles=style_b, fontsize=LEGEND_SIZE, frameon=False, loc="upper right")
     if random_targets is not None:
         p = torch.as_tensor(random_targets, dtype=torch.float64)
         top2 = torch.topk(p, 2, dim=-1).values
         gam = (top2[:, 0] - top2[:, 1]) / p.sum(-1)
-        for color, m in zip(_TREE_COLORS, widths):
+        for m in widths:
+            color = tree_color(m)
             rho = tree_certificate(p, m)
             sc = axes[2].scatter(gam.numpy(), rho.numpy(), s=5, color=color, alpha=0.35, lw=0)
             sc.set_gid(f"scatter:{m}")
@@ -441,8 +482,11 @@ def tree_margin(
         axes[2].set_xscale("log")
         axes[2].set_yscale("log")
         axes[2].set_xlabel("top-2 margin \u03b3")
-        axes[2].set_ylabel("exact tree certificate")
-        axes[2].set_title("(c) random targets sit above \u03c6\u2098(\u03b3)", fontsize=9)
+        axes[2].set_ylabel("exact tree certificate (nats)")
+        axes[2].set_title("(c) random targets sit above \u03c6\u2098(\u03b3)", fontsize=TITLE_SIZE)
+        axes[2].legend(handles=[Line2D([], [], color=key, ls="none", marker="o", ms=3, alpha=0.5, label="random target"),
+                                Line2D([], [], color=key, lw=1.5, label="\u03c6\u2098(\u03b3)")],
+                       fontsize=LEGEND_SIZE, frameon=False, loc="lower right")
     return fig
 
 
@@ -464,6 +508,8 @@ def stochastic_contrast(
     (b) Worst-case paths ``q_t ∝ p^(1-t) (q*)^t`` from each of ``path_targets`` through its
     witness ``q*`` (reached at ``t = 1``, where ``KL = rho*``): ``1 - TV`` (solid), Pinsker (thin),
     and whether the greedy check accepts ``argmax q_t`` (dashed steps, 0 or 1)."""
+    from matplotlib.lines import Line2D
+
     c = parse_criterion(criterion)
     p = torch.as_tensor(p, dtype=torch.float64)
     q = torch.as_tensor(q, dtype=torch.float64)
@@ -472,15 +518,15 @@ def stochastic_contrast(
     rho = certificate(p, c)
     accepted = c.accepts(p, torch.argmax(q, dim=-1))
     certified = kl < rho
-    fig = Figure(figsize=(11, 4.0), layout="constrained")
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
     ax_a, ax_b = fig.subplots(1, 2)
     groups = (
-        ("certified", certified, "#4c9a2a", f"{c}: certified (KL < \u03c1*)"),
-        ("accepted", accepted & ~certified, "#1f77b4", f"{c}: accepted, not certified"),
+        ("certified", certified, _ACCEPT, f"{c}: certified (KL < \u03c1*)"),
+        ("accepted", accepted & ~certified, NOT_CERTIFIED, f"{c}: accepted, not certified"),
         ("rejected", ~accepted, _REJECT, f"{c}: rejected"),
     )
     for gid, mask, color, label in groups:
-        sc = ax_a.scatter(kl[mask].numpy(), acc[mask].numpy(), s=7, color=color, alpha=0.55, lw=0, label=label)
+        sc = ax_a.scatter(kl[mask].numpy(), acc[mask].numpy(), s=7, color=color, alpha=0.6, lw=0, label=label)
         sc.set_gid(f"pairs:{gid}")
     k = torch.logspace(-5, 1, 300, dtype=torch.float64)
     (ln,) = ax_a.plot(k.numpy(), pinsker_lower_bound(k).numpy(), color="black", lw=1.2, label="Pinsker 1 \u2212 \u221a(KL/2)")
@@ -488,13 +534,14 @@ def stochastic_contrast(
     ax_a.set_xscale("log")
     ax_a.set_xlabel("KL(p||q)  (nats)")
     ax_a.set_ylabel("speculative sampling: P(accept) = 1 \u2212 TV")
-    ax_a.set_title("(a) random pairs: an expectation that degrades smoothly", fontsize=10)
-    ax_a.legend(fontsize=7, frameon=False, loc="lower left")
+    ax_a.set_title("(a) random pairs: an expectation that degrades smoothly", fontsize=TITLE_SIZE)
+    ax_a.legend(fontsize=LEGEND_SIZE, frameon=False, loc="lower left", markerscale=2)
     # t = 1 exactly is the witness (a tie); the grid steps over it.
     t = torch.linspace(0, max_t, n_steps, dtype=torch.float64)[1:]
     t = t[(t - 1).abs() > 1e-9]
     path_targets = torch.as_tensor(path_targets, dtype=torch.float64)
-    for idx, color in zip(range(path_targets.shape[0]), ("#9467bd", "#8c564b", "#17becf")):
+    handles = []
+    for idx, color in zip(range(path_targets.shape[0]), EXAMPLE_COLORS):
         pt = path_targets[idx] / path_targets[idx].sum()
         qstar = witness(pt, c)
         logq = (1 - t[:, None]) * torch.log(pt) + t[:, None] * torch.log(qstar)
@@ -504,17 +551,21 @@ def stochastic_contrast(
         acc_t = acceptance_probability(pp, qs)
         ok = c.accepts(pp, torch.argmax(qs, dim=-1)).to(torch.float64)
         top2 = torch.topk(pt, 2).values
-        lab = f"target {idx + 1} (margin {float(top2[0] - top2[1]):.2g})"
-        (ln,) = ax_b.plot(kl_t.numpy(), acc_t.numpy(), color=color, lw=2, label=lab + ": 1 \u2212 TV")
+        (ln,) = ax_b.plot(kl_t.numpy(), acc_t.numpy(), color=color, lw=2)
         ln.set_gid(f"path:{idx}")
         ax_b.plot(kl_t.numpy(), pinsker_lower_bound(kl_t).numpy(), color=color, lw=0.8)
-        (st,) = ax_b.step(kl_t.numpy(), ok.numpy(), where="post", color=color, lw=1.2, ls="--",
-                          label=lab + f": {c} accepts (0/1)")
+        (st,) = ax_b.step(kl_t.numpy(), ok.numpy(), where="post", color=color, lw=1.2, ls="--")
         st.set_gid(f"greedy:{idx}")
         ax_b.axvline(float(certificate(pt, c)), color=color, ls=":", lw=1.2)
+        handles.append(Line2D([], [], color=color, lw=2, label=f"target {idx + 1} (margin {float(top2[0] - top2[1]):.2g})"))
+    key = "0.3"
+    handles += [Line2D([], [], color=key, lw=2, label="speculative sampling 1 \u2212 TV"),
+                Line2D([], [], color=key, lw=0.8, label="Pinsker bound"),
+                Line2D([], [], color=key, lw=1.2, ls="--", label=f"{c} accepts (0 or 1)"),
+                Line2D([], [], color=key, lw=1.2, ls=":", label="\u03c1* of the target")]
     ax_b.set_xscale("log")
     ax_b.set_xlabel("KL(p||q) along the path through the witness q* (nats)")
-    ax_b.set_ylabel("acceptance")
-    ax_b.set_title("(b) worst case: greedy is certain up to \u03c1* (dotted), then fails", fontsize=10)
-    ax_b.legend(fontsize=7, frameon=False, loc="lower left")
+    ax_b.set_ylabel("acceptance (probability)")
+    ax_b.set_title(f"(b) worst case: {c} is certain up to \u03c1*, then fails", fontsize=TITLE_SIZE)
+    ax_b.legend(handles=handles, fontsize=LEGEND_SIZE, frameon=False, loc="lower left")
     return fig

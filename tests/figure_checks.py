@@ -1,0 +1,61 @@
+"""What a reader needs from any figure, as checks on a drawn matplotlib Figure.
+
+* :func:`small_texts`: every visible text (titles, labels, tick labels, legend entries,
+  annotations) is at least ``min_pt`` points at the figure's own size;
+* :func:`overlapping`: pairs of rectangles (in display pixels) that intersect;
+* :func:`extent`: where an artist lands on the canvas after layout.
+"""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+
+
+def drawn(fig: Figure) -> Figure:
+    """Draw ``fig`` on an Agg canvas (attached if it has none) so that layout, extents and tick
+    labels are final, as in the saved PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    return fig
+
+
+def _shown(t: Text) -> bool:
+    if not t.get_visible() or not t.get_text().strip():
+        return False
+    ax = t.axes
+    return ax is None or ax.get_visible()
+
+
+def small_texts(fig: Figure, min_pt: float = 8.0) -> list[tuple[str, float]]:
+    """``(text, size)`` of every shown text smaller than ``min_pt`` points."""
+    drawn(fig)
+    return [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if _shown(t) and t.get_fontsize() < min_pt]
+
+
+def extent(artist, fig: Figure) -> Bbox:
+    """The artist's bounding box in display pixels, after layout."""
+    drawn(fig)
+    return artist.get_window_extent(fig.canvas.get_renderer())
+
+
+def overlapping(boxes: list[Bbox], pad: float = 0.0) -> list[tuple[int, int]]:
+    """Index pairs ``(i, j)``, ``i < j``, of boxes that intersect by more than ``pad`` pixels."""
+    out = []
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            a, b = boxes[i], boxes[j]
+            dx = min(a.x1, b.x1) - max(a.x0, b.x0)
+            dy = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if dx > pad and dy > pad:
+                out.append((i, j))
+    return out
+
+
+def inside(inner: Bbox, outer: Bbox, tol: float = 0.5) -> bool:
+    """Whether ``inner`` lies within ``outer`` (to ``tol`` pixels)."""
+    return (inner.x0 >= outer.x0 - tol and inner.y0 >= outer.y0 - tol
+            and inner.x1 <= outer.x1 + tol and inner.y1 <= outer.y1 + tol)
