@@ -12,6 +12,7 @@ flat; ``P_A = sum_{i in A} p_i``, ``G_A = (prod_{i in A} p_i)^(1/k)``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import sympy as sp
@@ -42,6 +43,16 @@ __all__ = [
     "tree_perspective_slope",
     "tree_extremal_cost",
     "tree_quadratic_constant",
+    "ceiling_kl",
+    "ceiling_reverse_kl",
+    "ceiling_slack",
+    "ceiling_drafter",
+    "pair_relaxation_kkt",
+    "pool_excess",
+    "threshold_floor_exact",
+    "speculative_sampling_cases",
+    "kl_chain_rule",
+    "swap_example",
 ]
 
 # Shared symbols. Probabilities are positive reals; sympy uses the assumptions to simplify logs.
@@ -345,3 +356,229 @@ def tree_quadratic_constant(m: sp.Expr | int) -> sp.Expr:
     if m == 1:
         return sp.Rational(1, 2)
     return m**2 * sp.log(m) / (m**2 - 1)
+
+
+# -- chapter 2: the log 2 ceiling of every single-token criterion --------------------------------
+
+
+def ceiling_kl(py: sp.Expr) -> sp.Expr:
+    """``KL(p||q)`` of the drafter ``q = (p + e_y)/2``:
+    ``(1 - p_y) log 2 + p_y log(2 p_y / (1 + p_y))``. It depends on ``p`` only through ``p_y``."""
+    return (1 - py) * sp.log(2) + py * sp.log(2 * py / (1 + py))
+
+
+def ceiling_reverse_kl(py: sp.Expr) -> sp.Expr:
+    """``KL(q||p)`` of the same drafter:
+    ``-(1 - p_y) log(2) / 2 + (1 + p_y)/2 log((1 + p_y) / (2 p_y))``; it tends to ``+oo`` as
+    ``p_y -> 0``, so the construction gives no ceiling in the reverse direction."""
+    return -(1 - py) * sp.log(2) / 2 + (1 + py) / 2 * sp.log((1 + py) / (2 * py))
+
+
+def ceiling_slack(py: sp.Expr) -> sp.Expr:
+    """``(1 - p_y) log 2 - ceiling_kl(p_y) = p_y log((1 + p_y) / (2 p_y))``, which is ``>= 0``
+    because ``(1 + p_y) / (2 p_y) >= 1`` for ``0 < p_y <= 1``."""
+    return (1 - py) * sp.log(2) - ceiling_kl(py)
+
+
+def ceiling_drafter(n: int = 4) -> dict[str, object]:
+    """The drafter ``q = (p + e_y)/2`` on an explicit vocabulary of ``n`` tokens, ``y`` the first.
+
+    ``p_y, p_2, ..., p_n`` are positive symbols with total ``S``; ``q_y = (p_y + S)/2`` and
+    ``q_i = p_i / 2`` otherwise (``S = 1`` for a distribution). Returns
+
+    * ``p``, ``q``: the symbols and the drafter;
+    * ``gaps``: ``q_y - q_i - p_y`` for ``i != y``, which come out as half the mass of the
+      tokens other than ``y`` and ``i`` (so ``q_y - q_i >= p_y``: ``y`` is a maximiser of ``q``,
+      the only one when ``p_y > 0``);
+    * ``kl``, ``reverse_kl``: ``KL(p||q)`` and ``KL(q||p)`` with ``p_n = 1 - p_y - p_2 - ... - p_{n-1}``
+      substituted, to be compared with :func:`ceiling_kl` and :func:`ceiling_reverse_kl`.
+    """
+    if n < 2:
+        raise ValueError(f"need a vocabulary of n >= 2 tokens, got n={n}")
+    ps = sp.symbols(["p_y"] + [f"p_{i}" for i in range(2, n + 1)], positive=True)
+    total = sum(ps)
+    qs = [(ps[0] + total) / 2] + [p / 2 for p in ps[1:]]
+    gaps = [sp.simplify(qs[0] - q - ps[0]) for q in qs[1:]]
+    norm = {ps[-1]: 1 - sum(ps[:-1])}
+    kl = sum(p * sp.log(p / q) for p, q in zip(ps, qs)).subs(norm)
+    reverse_kl = sum(q * sp.log(q / p) for p, q in zip(ps, qs)).subs(norm)
+    return {"p": ps, "q": qs, "gaps": gaps, "kl": kl, "reverse_kl": reverse_kl}
+
+
+# -- chapter 4: the two-point lemma -------------------------------------------------------------
+
+
+def pair_relaxation_kkt(n: int = 4) -> dict[str, object]:
+    """``min KL(p||q)`` subject to the single constraint ``q_y >= q_1``, on ``n`` explicit tokens.
+
+    Token 1 is the target's top token, ``y`` the boundary token, and tokens ``3..n`` are left
+    unconstrained (in the full problem they would also have to satisfy ``q_y >= q_z``).
+    Lagrangian ``sum_i p_i log(p_i/q_i) + lambda (sum_i q_i - 1) - mu (q_y - q_1)`` with the
+    constraint active; sympy solves stationarity, activity and normalisation
+    (``p_n = 1 - p_1 - ... - p_{n-1}``). The solution: ``lambda = 1``,
+    ``q_1 = q_y = (p_1 + p_y)/2``, ``q_z = p_z`` for the rest, and
+    ``mu = (p_1 - p_y)/(p_1 + p_y)``, which is ``>= 0`` (dual feasible) exactly when
+    ``p_y <= p_1``. The problem is convex, so this KKT point is the minimiser, and ``cost`` is
+    the two-point cost ``p_1 log(2p_1/s) + p_y log(2p_y/s) = s [log 2 - h(p_1/s)]``,
+    ``s = p_1 + p_y``.
+    """
+    if n < 3:
+        raise ValueError(f"need n >= 3 tokens (top, boundary and at least one other), got n={n}")
+    names = ["p_1", "p_y"] + [f"p_{i}" for i in range(3, n + 1)]
+    ps = sp.symbols(names, positive=True)
+    qs = sp.symbols([name.replace("p", "q", 1) for name in names], positive=True)
+    mu = sp.Symbol("mu", real=True)
+    lag = sum(p * sp.log(p / q) for p, q in zip(ps, qs)) + lam * (sum(qs) - 1) - mu * (qs[1] - qs[0])
+    eqs = [sp.diff(lag, q) for q in qs] + [qs[1] - qs[0], sum(qs) - 1]
+    norm = {ps[-1]: 1 - sum(ps[:-1])}
+    sol = sp.solve([e.subs(norm) for e in eqs], [*qs, lam, mu], dict=True)
+    assert len(sol) == 1, sol
+    solution = {key: sp.simplify(val) for key, val in sol[0].items()}
+    cost = sum(p * sp.log(p / solution[q]) for p, q in zip(ps, qs)).subs(norm)
+    return {"p": ps, "q": qs, "mu": mu, "solution": solution, "cost": cost, "subs": norm}
+
+
+def pool_excess(k: int) -> tuple[sp.Expr, sp.Expr, tuple[sp.Symbol, ...]]:
+    """What the constraints dropped by the two-point lemma cost, for a pool of ``k`` tokens.
+
+    The full minimiser for the boundary token ``y`` pools ``y``, the top token and ``k - 2``
+    tokens ``z`` between them at their mean; the relaxed one pools only ``{1, y}``. Returns
+    ``(C_A - C_pair, P_A KL(g || u), symbols)`` with ``g = (s, p_z, ...)/P_A`` the pool's
+    mass grouped as ``{1, y}`` and the single ``z``'s, ``u = (2, 1, ..., 1)/k``. The two are
+    equal (the chain rule of KL), so the full cost exceeds the pair cost by a KL divergence,
+    which is ``>= 0``.
+    """
+    if k < 3:
+        raise ValueError(f"a pool beyond the pair has k >= 3 tokens, got k={k}")
+    p1, py = sp.symbols("p_1 p_y", positive=True)
+    zs = sp.symbols(f"p_z1:{k - 1}", positive=True)
+    pool = [p1, py, *zs]
+    mass = sum(pool)
+    full = sum(p * sp.log(p / (mass / k)) for p in pool)
+    excess = full - two_point_forward(p1, py)
+    grouped = [(p1 + py) / mass, *[z / mass for z in zs]]
+    uniform = [sp.Rational(2, k)] + [sp.Rational(1, k)] * (k - 2)
+    kl = mass * sum(g * sp.log(g / u) for g, u in zip(grouped, uniform))
+    return excess, kl, (p1, py, *zs)
+
+
+def threshold_floor_exact(p1: sp.Expr, tau: sp.Expr) -> sp.Expr:
+    """Exact floor of the forward certificate over targets with top probability ``p(1)`` for a
+    criterion with threshold ``tau <= p(1)``: ``two_point_forward(p(1), min(tau, 1 - p(1)))``.
+
+    The boundary token has ``p_{y*} <= tau`` and ``p_{y*} <= 1 - p(1)``; the two-point cost
+    increases in its first argument and decreases in its second (derivatives
+    ``log(2a/(a+b)) >= 0`` and ``log(2b/(a+b)) <= 0`` for ``b <= a``). It is approached by a
+    target whose boundary token sits just below that value and whose remaining mass is spread
+    thinly. Multiplicative ``alpha``: ``tau = alpha p(1)`` gives :func:`multiplicative_floor_exact`
+    while ``p(1) <= 1/(1 + alpha)``.
+    """
+    return two_point_forward(p1, sp.Min(tau, 1 - p1))
+
+
+# -- chapter 6: speculative sampling and Pinsker ------------------------------------------------
+
+
+def _sign(expr: sp.Expr) -> int:
+    """The sign of ``expr`` as sympy proves it from the symbols' positivity; raises if unknown."""
+    expr = sp.factor(sp.simplify(expr))
+    if expr == 0:
+        return 0
+    if expr.is_positive:
+        return 1
+    if expr.is_negative:
+        return -1
+    raise ValueError(f"cannot decide the sign of {expr}")
+
+
+def speculative_sampling_cases(n: int = 3) -> list[dict[str, object]]:
+    """Speculative sampling's acceptance probability and output law, for every sign pattern.
+
+    For ``n`` tokens each is "up" (``p_x = b_x + d_x > q_x = b_x``), "down" (``p_x = b_x <
+    q_x = b_x + d_x``) or "equal" (``p_x = q_x = b_x``), with ``b, d > 0``; patterns need at
+    least one up and one down token (otherwise ``p = q``). In each, sympy decides every ``min``,
+    ``|.|`` and positive part from the sign of the difference, then imposes
+    ``sum p = sum q = 1`` (solving for the last ``b`` and the first down ``d``). Each entry holds
+    ``pattern``, ``tv`` (``TV(p, q)`` after normalisation) and the simplified differences
+
+    * ``accept_minus_summin``: ``sum_x q_x min(1, p_x/q_x) - sum_x min(p_x, q_x)``,
+    * ``accept_minus_one_minus_tv``: ``sum_x q_x min(1, p_x/q_x) - (1 - sum_x |p_x - q_x| / 2)``,
+    * ``output_minus_p``: per token, ``P[output = x] - p_x`` with
+      ``P[output = x] = q_x min(1, p_x/q_x) + (1 - P[accept]) (p_x - q_x)_+ / sum_z (p_z - q_z)_+``
+
+    which are all 0: the draft is accepted with probability ``1 - TV(p, q)`` and the output is
+    distributed as ``p``.
+    """
+    if n < 2:
+        raise ValueError(f"need n >= 2 tokens, got n={n}")
+
+    def smin(a: sp.Expr, b: sp.Expr) -> sp.Expr:
+        return a if _sign(a - b) <= 0 else b
+
+    def sabs(a: sp.Expr) -> sp.Expr:
+        return a if _sign(a) >= 0 else -a
+
+    def spos(a: sp.Expr) -> sp.Expr:
+        return a if _sign(a) > 0 else sp.Integer(0)
+
+    out = []
+    base = sp.symbols(f"b1:{n + 1}", positive=True)
+    d = sp.symbols(f"d1:{n + 1}", positive=True)
+    for pattern in itertools.product(("up", "down", "equal"), repeat=n):
+        if "up" not in pattern or "down" not in pattern:
+            continue
+        p = [b + dd if kind == "up" else b for b, dd, kind in zip(base, d, pattern)]
+        q = [b + dd if kind == "down" else b for b, dd, kind in zip(base, d, pattern)]
+        accept = sum(qq * smin(1, pp / qq) for pp, qq in zip(p, q))
+        summin = sum(smin(pp, qq) for pp, qq in zip(p, q))
+        tv = sum(sabs(pp - qq) for pp, qq in zip(p, q)) / 2
+        resid = [spos(pp - qq) for pp, qq in zip(p, q)]
+        law = [qq * smin(1, pp / qq) + (1 - accept) * r / sum(resid) for pp, qq, r in zip(p, q, resid)]
+        first_down = pattern.index("down")
+        norm = sp.solve([sum(p) - 1, sum(q) - 1], [base[-1], d[first_down]], dict=True)
+        assert len(norm) == 1, norm
+        out.append({
+            "pattern": pattern,
+            "tv": sp.simplify(tv.subs(norm[0])),
+            "accept_minus_summin": sp.simplify(accept - summin),
+            "accept_minus_one_minus_tv": sp.simplify((accept - (1 - tv)).subs(norm[0])),
+            "output_minus_p": [sp.simplify((o - pp).subs(norm[0])) for o, pp in zip(law, p)],
+        })
+    return out
+
+
+def kl_chain_rule(n: int = 3, group: int = 2) -> tuple[sp.Expr, sp.Expr, tuple[sp.Symbol, ...]]:
+    """Grouping tokens cannot increase KL: the chain rule on ``n`` explicit tokens.
+
+    The first ``group`` tokens are merged into one. Returns
+    ``(KL(p||q) - KL(p_grouped||q_grouped), P_G KL(p|G || q|G), symbols)`` with ``P_G`` the
+    group's ``p``-mass and ``p|G``, ``q|G`` the distributions restricted to the group and
+    renormalised. The two are equal, and the second is ``>= 0``. (No normalisation is needed:
+    the identity holds for any positive masses.)
+    """
+    if not 2 <= group <= n:
+        raise ValueError(f"need 2 <= group <= n, got group={group}, n={n}")
+    ps = sp.symbols(f"p1:{n + 1}", positive=True)
+    qs = sp.symbols(f"q1:{n + 1}", positive=True)
+    kl = sum(p * sp.log(p / q) for p, q in zip(ps, qs))
+    pg, qg = sum(ps[:group]), sum(qs[:group])
+    grouped = pg * sp.log(pg / qg) + sum(p * sp.log(p / q) for p, q in zip(ps[group:], qs[group:]))
+    within = pg * sum((p / pg) * sp.log((p / pg) / (q / qg)) for p, q in zip(ps[:group], qs[:group]))
+    return kl - grouped, within, (*ps, *qs)
+
+
+def swap_example(eta: sp.Expr) -> dict[str, sp.Expr]:
+    """The two-token target ``p = (1/2 + eta, 1/2 - eta)`` and the drafter that swaps it.
+
+    Returns ``kl`` (``KL(p||q) = 2 eta log((1 + 2eta)/(1 - 2eta))``, equal to ``KL(q||p)`` by
+    symmetry), ``tv`` (``2 eta``), ``accept`` (speculative sampling, ``1 - 2 eta``),
+    ``pinsker`` (``1 - sqrt(KL/2)``) and ``certificate`` (strict greedy's forward certificate
+    of ``p``, ``phi_1(2 eta)``: all mass sits on the two tokens).
+    """
+    p = (sp.Rational(1, 2) + eta, sp.Rational(1, 2) - eta)
+    q = (p[1], p[0])
+    kl = sum(a * sp.log(a / b) for a, b in zip(p, q))
+    tv = sum(sp.Abs(a - b) for a, b in zip(p, q)) / 2
+    accept = sum(sp.Min(a, b) for a, b in zip(p, q))
+    return {"p": p, "q": q, "kl": kl, "tv": sp.simplify(tv), "accept": sp.simplify(accept),
+            "pinsker": 1 - sp.sqrt(kl / 2), "certificate": phi(1, 2 * eta)}

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import sympy as sp
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 from scipy.optimize import minimize
 
-from companion import per_token_cost, tree_certificate
+from companion import certificates, parse_criterion, per_token_cost, tree_certificate
 from companion import symbolic as S
 from companion.bounds import margin_only_bound
 from companion.figures.theory import tree_quadratic_constant as tree_c_float
@@ -252,3 +255,272 @@ def test_secondary_quadratic_valid_exactly_for_m_up_to_6():
         assert valid_symbolic == valid_numeric == (m <= 6)
     # m = 8 fails already at the one-hot target.
     assert sp.log(9) < sp.Rational(9, 4)
+
+
+# -- chapter 2: the log 2 ceiling of every single-token criterion ---------------------------------
+
+CEILING_SPECS = ["greedy", "additive:0.05", "additive:0.3", "multiplicative:0.1", "multiplicative:0.9", "topm:2",
+                 "topk-delta:2,0.2", "typical:0.09,0.3", "typical:0.3,0.9", "typical:1,5"]
+
+
+def test_ceiling_drafter_symbolic():
+    for n in (2, 3, 5):
+        ex = S.ceiling_drafter(n)
+        ps = ex["p"]
+        for i, gap in enumerate(ex["gaps"], start=1):
+            # q_y - q_i - p_y is half the mass of the tokens other than y and i: a sum of positives
+            assert sp.simplify(gap - (sum(ps) - ps[0] - ps[i]) / 2) == 0
+        assert S.identical(ex["kl"], S.ceiling_kl(ps[0]))
+        assert S.identical(ex["reverse_kl"], S.ceiling_reverse_kl(ps[0]))
+    py = sp.Symbol("p_y", positive=True)
+    assert S.identical(S.ceiling_slack(py), py * sp.log((1 + py) / (2 * py)))
+    assert sp.simplify((1 + py) / (2 * py) - 1 - (1 - py) / (2 * py)) == 0
+    assert sp.limit(S.ceiling_kl(py), py, 0, "+") == sp.log(2)
+    assert S.ceiling_kl(py).subs(py, 1) == 0
+    assert sp.limit(S.ceiling_reverse_kl(py), py, 0, "+") == sp.oo
+    assert not S.identical(S.ceiling_kl(py), (1 - py) * sp.log(2))
+
+
+def test_ceiling_drafter_numeric():
+    """The mixture drafter, computed in numpy: y is a maximiser, the KLs are the closed forms,
+    and the exact per-token cost (engine and SLSQP) never exceeds them."""
+    py = sp.Symbol("p_y", positive=True)
+    fwd = sp.lambdify(py, S.ceiling_kl(py), "math")
+    rev = sp.lambdify(py, S.ceiling_reverse_kl(py), "math")
+    rng = np.random.default_rng(7)
+    for trial in range(12):
+        v = int(rng.integers(2, 7))
+        p = rng.dirichlet(np.full(v, [0.1, 1.0, 5.0][trial % 3]))
+        p = np.clip(p, 1e-9, None)
+        p /= p.sum()
+        pt = torch.tensor(p, dtype=torch.float64)
+        for y in range(v):
+            q = p / 2
+            q[y] += 0.5
+            assert q[y] == q.max() and np.all(q[y] - np.delete(q, y) >= p[y] - 1e-15)
+            kl = float(np.sum(p * np.log(p / q)))
+            assert kl == pytest.approx(fwd(p[y]), rel=1e-10, abs=1e-14)
+            assert float(np.sum(q * np.log(q / p))) == pytest.approx(rev(p[y]), rel=1e-10)
+            assert kl <= (1 - p[y]) * math.log(2) + 1e-15
+            assert float(per_token_cost(pt, y)) <= kl * (1 + 1e-12) + 1e-15
+            if v <= 4 and trial < 6:
+                assert _numeric_forward_cost(p, y) <= kl + 1e-9
+
+
+def _hyp_targets():
+    """Distributions over 2..10 tokens, half of them from a grid with zeros and tiny entries
+    (point masses, exact ties, tiny boundary tokens)."""
+    return st.integers(2, 10).flatmap(
+        lambda v: st.one_of(
+            arrays(np.float64, v, elements=st.floats(0.0, 1.0)),
+            arrays(np.float64, v, elements=st.sampled_from([0.0, 1e-12, 1e-6, 0.05, 0.3, 1.0])),
+        )
+    ).filter(lambda a: a.sum() > 0).map(lambda a: a / a.sum())
+
+
+@given(p=_hyp_targets())
+@settings(max_examples=200, deadline=None)
+def test_every_finite_certificate_below_ceiling_property(p):
+    """rho* <= KL(p || (p + e_{y*})/2) <= (1 - p_{y*}) log 2 <= log 2 for every criterion; +inf
+    exactly when nothing is rejected."""
+    pt = torch.tensor(p, dtype=torch.float64)
+    crits = [c for c in map(parse_criterion, CEILING_SPECS) if _fits(c, len(p))]
+    certs = certificates(pt, crits, ("forward",))
+    for c in crits:
+        rho = float(certs[(str(c), "forward")])
+        rejected = c.rejection_mask(pt)
+        assert math.isinf(rho) == (not bool(rejected.any()))
+        if math.isinf(rho):
+            continue
+        boundary = float(pt[rejected].max())
+        mix = (1 - boundary) * math.log(2) + (boundary * math.log(2 * boundary / (1 + boundary)) if boundary else 0.0)
+        assert rho <= mix * (1 + 1e-12) + 1e-15
+        assert mix <= (1 - boundary) * math.log(2) * (1 + 1e-15) + 1e-15
+        assert rho <= math.log(2) * (1 + 1e-12)
+
+
+def _fits(c, vocab: int) -> bool:
+    try:
+        c.check_vocab(vocab)
+    except ValueError:
+        return False
+    return True
+
+
+# -- chapter 4: the two-point lemma ----------------------------------------------------------------
+
+
+def _numeric_pair_relaxation(p: np.ndarray, y: int) -> tuple[float, np.ndarray]:
+    """min KL(p||q) s.t. q_y >= q_0 only, by SLSQP on softmax logits."""
+    cons = [{"type": "ineq", "fun": lambda t: t[y] - t[0]}]
+
+    def f(t: np.ndarray) -> float:
+        lq = t - t.max() - np.log(np.exp(t - t.max()).sum())
+        return float(np.sum(p * (np.log(p) - lq)))
+
+    res = minimize(f, np.log(p), method="SLSQP", constraints=cons, options={"ftol": 1e-15, "maxiter": 500})
+    q = np.exp(res.x - res.x.max())
+    return float(res.fun), q / q.sum()
+
+
+def test_pair_relaxation_kkt_symbolic():
+    for n in (3, 4, 5):
+        ex = S.pair_relaxation_kkt(n)
+        sol, ps, qs = ex["solution"], ex["p"], ex["q"]
+        assert sol[S.lam] == 1
+        assert sp.simplify(sol[qs[0]] - (ps[0] + ps[1]) / 2) == 0
+        assert sp.simplify(sol[qs[1]] - (ps[0] + ps[1]) / 2) == 0
+        for i in range(2, n - 1):
+            assert sol[qs[i]] == ps[i]
+        assert sp.simplify(sol[ex["mu"]] - (ps[0] - ps[1]) / (ps[0] + ps[1])) == 0
+        assert S.identical(ex["cost"], S.two_point_forward(ps[0], ps[1]))
+        assert S.identical(ex["cost"], S.greedy_forward(ps[0] + ps[1], ps[0] - ps[1]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pair_relaxation_matches_slsqp(seed):
+    rng = np.random.default_rng(300 + seed)
+    p = np.sort(rng.dirichlet(np.full(6, 0.8)))[::-1].copy()
+    for y in range(1, 6):
+        val, q = _numeric_pair_relaxation(p, y)
+        pair = float(S.two_point_forward(sp.Float(p[0], 30), sp.Float(p[y], 30)))
+        assert val == pytest.approx(pair, abs=1e-8)
+        mean = (p[0] + p[y]) / 2
+        expected_q = p.copy()
+        expected_q[[0, y]] = mean
+        assert np.max(np.abs(q - expected_q)) < 1e-4
+        # the full problem (all constraints) costs at least as much
+        assert float(per_token_cost(torch.tensor(p, dtype=torch.float64), y)) >= pair - 1e-12
+
+
+@pytest.mark.parametrize("k", [3, 4, 5])
+def test_pool_excess_identity(k):
+    excess, kl, _ = S.pool_excess(k)
+    assert S.identical(excess, kl)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pool_excess_against_engine(seed):
+    """C(p, y) - pair cost, from the engine, equals P_A KL(grouped || (2, 1, ..)/k) on the scanned pool."""
+    rng = np.random.default_rng(400 + seed)
+    p = np.sort(rng.dirichlet(np.full(7, 30.0)))[::-1].copy()   # flat: big pools
+    pt = torch.tensor(p, dtype=torch.float64)
+    seen = 0
+    for r in range(1, 7):
+        pool = _scan_pool(p, r, geometric=False)
+        k = len(pool)
+        if k < 3:
+            continue
+        seen += 1
+        between = [i for i in pool if i not in (0, r)]
+        _, kl, syms = S.pool_excess(k)
+        val = float(kl.subs(dict(zip(syms, [p[0], p[r], *p[between]]))))
+        pair = float(S.two_point_forward(sp.Float(p[0], 30), sp.Float(p[r], 30)))
+        assert float(per_token_cost(pt, r)) - pair == pytest.approx(val, rel=1e-9, abs=1e-13)
+        assert val > 0
+    assert seen >= 3
+
+
+def test_threshold_floor_exact_bounds_and_is_attained():
+    from companion import certificate, parse_criterion
+
+    p1s, taus = sp.symbols("p1 tau", positive=True)
+    floor = sp.lambdify((p1s, taus), S.threshold_floor_exact(p1s, taus), "math")
+    # the multiplicative exact floor is the special case tau = alpha p1
+    a = sp.Symbol("alpha", positive=True)
+    assert S.identical(S.threshold_floor_exact(p1s, a * p1s).subs(sp.Min(a * p1s, 1 - p1s), a * p1s),
+                       S.multiplicative_floor_exact(a, p1s))
+    rng = np.random.default_rng(5)
+    for spec in ("additive:0.3", "multiplicative:0.1", "multiplicative:0.5", "typical:0.09,0.3"):
+        c = parse_criterion(spec)
+        p = torch.tensor(rng.dirichlet(np.full(16, 0.3), size=400), dtype=torch.float64)
+        rho = certificate(p, c)
+        tau, top1 = c.threshold(p), p.max(-1).values
+        ok = torch.isfinite(rho) & (tau <= top1) & (tau > 0)
+        lower = torch.tensor([floor(float(x), float(t)) for x, t in zip(top1[ok], tau[ok])], dtype=torch.float64)
+        assert bool((lower <= rho[ok] * (1 + 1e-9) + 1e-15).all())
+        assert int(ok.sum()) > 50
+    # attained: top token p1, boundary token just below min(tau, 1 - p1), the rest spread thinly
+    for p1, alpha in ((0.5, 0.1), (0.8, 0.5), (0.3, 0.9)):
+        b = min(alpha * p1, 1 - p1) - 1e-9
+        rest = 1 - p1 - b
+        n_rest = 400
+        target = torch.tensor([p1, b] + [rest / n_rest] * n_rest, dtype=torch.float64)
+        if rest / n_rest >= b:
+            continue
+        rho = float(certificate(target, f"multiplicative:{alpha}"))
+        assert rho == pytest.approx(floor(p1, alpha * p1), abs=1e-6)
+
+
+# -- chapter 6: speculative sampling and Pinsker ---------------------------------------------------
+
+
+def test_speculative_sampling_cases_all_zero():
+    cases = S.speculative_sampling_cases(3)
+    assert len(cases) == 12   # 3^3 patterns minus those without an up or without a down token
+    for case in cases:
+        assert case["accept_minus_summin"] == 0
+        assert case["accept_minus_one_minus_tv"] == 0
+        assert all(d == 0 for d in case["output_minus_p"])
+
+
+def test_speculative_sampling_law_numeric():
+    """The same formulas in numpy on random pairs: acceptance = 1 - TV (library), output law = p."""
+    from companion.stochastic import acceptance_probability, total_variation
+
+    rng = np.random.default_rng(9)
+    for _ in range(50):
+        v = int(rng.integers(2, 9))
+        p, q = rng.dirichlet(np.ones(v)), rng.dirichlet(np.ones(v))
+        accept = float(np.sum(q * np.minimum(1, p / q)))
+        resid = np.clip(p - q, 0, None)
+        law = q * np.minimum(1, p / q) + (1 - accept) * resid / resid.sum()
+        assert np.max(np.abs(law - p)) < 1e-14
+        pt, qt = torch.tensor(p), torch.tensor(q)
+        assert accept == pytest.approx(float(acceptance_probability(pt, qt)), abs=1e-14)
+        assert accept == pytest.approx(1 - float(total_variation(pt, qt)), abs=1e-14)
+
+
+def test_kl_chain_rule():
+    for n, group in ((3, 2), (4, 2), (4, 3)):
+        diff, within, syms = S.kl_chain_rule(n, group)
+        assert S.identical(diff, within)
+        rng = np.random.default_rng(n + group)
+        vals = rng.uniform(0.01, 1, size=2 * n)
+        sub = dict(zip(syms, vals))
+        ps, qs = vals[:n], vals[n:]
+        direct = np.sum(ps * np.log(ps / qs))
+        pg, qg = ps[:group].sum(), qs[:group].sum()
+        grouped = pg * np.log(pg / qg) + np.sum(ps[group:] * np.log(ps[group:] / qs[group:]))
+        assert float(within.subs(sub)) == pytest.approx(direct - grouped, rel=1e-10)
+        assert float(within.subs(sub)) >= 0
+
+
+def test_swap_example_against_library():
+    from companion import certificate, kl_divergence
+    from companion.stochastic import acceptance_probability, total_variation
+
+    eta = sp.Symbol("eta", positive=True)
+    ex = S.swap_example(eta)
+    # sympy cannot see 1 - 2 eta > 0; with eta = (1 - w)/(2 (1 + w)), w = p_2/p_1 in (0, 1), it can
+    w = sp.Symbol("w", positive=True)
+    closed = 2 * eta * sp.log((1 + 2 * eta) / (1 - 2 * eta))
+    assert S.identical((ex["kl"] - closed).subs(eta, (1 - w) / (2 * (1 + w))), 0)
+    assert not S.identical((ex["kl"] - closed / 2).subs(eta, (1 - w) / (2 * (1 + w))), 0)
+    assert ex["tv"] == 2 * eta and ex["accept"] == 1 - 2 * eta
+    kl_series = sp.series(ex["kl"], eta, 0, 6).removeO()
+    assert sp.limit(ex["kl"] / ex["certificate"], eta, 0) == 4
+    # sqrt(KL/2) from the KL series (its O(eta^6) remainder moves it by O(eta^5)); also numerically below
+    assert sp.series(1 - sp.sqrt(kl_series / 2) - ex["accept"], eta, 0, 5).removeO() == -sp.Rational(4, 3) * eta**3
+    for e in (1e-3, 0.05, 0.3):
+        p = torch.tensor([0.5 + e, 0.5 - e], dtype=torch.float64)
+        q = p.flip(0)
+        assert float(kl_divergence(p, q)) == pytest.approx(float(ex["kl"].subs(eta, e)), rel=1e-10)
+        assert float(kl_divergence(p, q, "reverse")) == pytest.approx(float(ex["kl"].subs(eta, e)), rel=1e-10)
+        assert float(total_variation(p, q)) == pytest.approx(2 * e, rel=1e-12)
+        assert float(acceptance_probability(p, q)) == pytest.approx(1 - 2 * e, rel=1e-12)
+        assert float(certificate(p, "greedy")) == pytest.approx(float(ex["certificate"].subs(eta, e)), rel=1e-9)
+        assert float(ex["pinsker"].subs(eta, e)) <= 1 - 2 * e
+        if e < 0.01:
+            gap = float(ex["pinsker"].subs(eta, sp.Float(e, 40))) - (1 - 2 * e)
+            assert gap == pytest.approx(-4 / 3 * e**3, rel=1e-3)
