@@ -149,3 +149,14 @@ def tree_ceiling(m: int) -> float:
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"m must be an integer >= 1, got {m!r}")
     return math.log(m + 1)
+
+
+def tree_quadratic_constant(m: int) -> float:
+    """``c_m = min_{0 < gamma <= 1} phi_m(gamma) / gamma**2 = m**2 log m / (m**2 - 1)`` (``c_1 = 1/2``).
+
+    Attained at ``gamma = (m - 1)/m`` for ``m >= 2``; the sharp global quadratic margin-only
+    bound on the width-``m`` tree certificate is ``phi_m(gamma) >= c_m gamma**2``.
+    """
+    if m < 1:
+        raise ValueError("m must be >= 1")
+    return 0.5 if m == 1 else m * m * math.log(m) / (m * m - 1)

@@ -32,7 +32,7 @@ from companion.bounds import (
     tree_delta_bound,
     two_point_bound,
 )
-from tests.targets import random_targets
+from companion.targets import random_targets
 
 SPECS = ["greedy", "additive:0.1", "additive:0.3", "multiplicative:0.5", "multiplicative:0.1", "topm:2",
          "topm:3", "topk-delta:2,0.2", "topk-delta:3,0.6", "typical:0.09,0.3", "typical:0.3,0.9"]

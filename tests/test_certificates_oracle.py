@@ -12,7 +12,7 @@ import torch
 
 from companion import certificate, tree_certificate
 from companion.oracle import brute_force_certificate, brute_force_tree_certificate
-from tests.targets import random_targets
+from companion.targets import random_targets
 
 N_TARGETS = 200
 RTOL = 1e-6

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from companion.bounds import greedy_margin_bounds
 from companion.certificates import certificate
-from tests.targets import random_targets
+from companion.targets import random_targets
 
 
 def test_sharp_bounds_hold_on_random_targets_without_ties() -> None:

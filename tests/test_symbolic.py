@@ -19,7 +19,7 @@ from scipy.optimize import minimize
 from companion import certificates, parse_criterion, per_token_cost, tree_certificate
 from companion import symbolic as S
 from companion.bounds import margin_only_bound
-from companion.figures.theory import tree_quadratic_constant as tree_c_float
+from companion.bounds import tree_quadratic_constant as tree_c_float
 
 u = sp.Symbol("u", positive=True)
 g = sp.Symbol("gamma", positive=True)

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from companion import certificate, parse_criterion, per_token_cost, tree_certificate, witness
 from companion.figures import save_figure
 from companion.figures import theory as T
+from companion import bounds, targets
 
 
 def _phi(m: int, g: np.ndarray) -> np.ndarray:
@@ -32,44 +33,44 @@ def _by_gid(fig: Figure, gid: str):
 
 
 def test_geometric_tail_family():
-    tie = T.geometric_tail_tie(32, 0.7)
+    tie = targets.geometric_tail_tie(32, 0.7)
     p1 = torch.tensor([tie, 0.5, 0.99], dtype=torch.float64)
-    p = T.geometric_tail_target(p1, 32, 0.7)
+    p = targets.geometric_tail_target(p1, 32, 0.7)
     assert p.shape == (3, 32)
     assert torch.allclose(p.sum(-1), torch.ones(3, dtype=torch.float64))
     assert bool((p[:, :-1] >= p[:, 1:] - 1e-15).all())
     assert float(p[0, 0] - p[0, 1]) == pytest.approx(0.0, abs=1e-12)
     assert torch.allclose(p[:, 2] / p[:, 1], torch.full((3,), 0.7, dtype=torch.float64))
     with pytest.raises(ValueError):
-        T.geometric_tail_target(torch.tensor([tie / 2], dtype=torch.float64), 32, 0.7)
+        targets.geometric_tail_target(torch.tensor([tie / 2], dtype=torch.float64), 32, 0.7)
 
 
 def test_two_top_target_and_perturb():
-    p = T.two_top_target(torch.tensor([0.5]), torch.tensor([0.3]), 12)
+    p = targets.two_top_target(torch.tensor([0.5]), torch.tensor([0.3]), 12)
     assert torch.allclose(p.sum(-1), torch.ones(1, dtype=torch.float64))
     assert float(p[0, 2]) == pytest.approx(0.02)
     with pytest.raises(ValueError):
-        T.two_top_target(torch.tensor([0.5]), torch.tensor([0.01]), 12)  # rest above p2
+        targets.two_top_target(torch.tensor([0.5]), torch.tensor([0.01]), 12)  # rest above p2
     noise = torch.randn(1, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    q = T.perturb(p, noise, 0.0)
+    q = targets.perturb(p, noise, 0.0)
     assert torch.allclose(q, p)
-    q2 = T.perturb(p.expand(3, 12), noise.expand(3, 12), torch.tensor([0.0, 0.5, 1.0]))
+    q2 = targets.perturb(p.expand(3, 12), noise.expand(3, 12), torch.tensor([0.0, 0.5, 1.0]))
     assert torch.allclose(q2.sum(-1), torch.ones(3, dtype=torch.float64))
     assert torch.allclose(q2[0], p[0])
 
 
 def test_tree_quadratic_constant_float():
-    assert T.tree_quadratic_constant(1) == 0.5
+    assert bounds.tree_quadratic_constant(1) == 0.5
     g = np.linspace(1e-6, 1, 200001)
     for m in (2, 4, 8):
-        assert float(np.min(_phi(m, g) / g**2)) == pytest.approx(T.tree_quadratic_constant(m), rel=1e-8)
+        assert float(np.min(_phi(m, g) / g**2)) == pytest.approx(bounds.tree_quadratic_constant(m), rel=1e-8)
 
 
 # -- figures -------------------------------------------------------------------------------
 
 
 def test_criteria_level_sets_draws_engine_thresholds(tmp_path):
-    p = T.geometric_tail_target(torch.tensor(0.365, dtype=torch.float64), 12, 0.64)
+    p = targets.geometric_tail_target(torch.tensor(0.365, dtype=torch.float64), 12, 0.64)
     fig = T.criteria_level_sets(p)
     assert isinstance(fig, Figure)
     assert sum(ax.get_visible() for ax in fig.axes) == len(T.LEVEL_SET_CRITERIA)
@@ -114,7 +115,7 @@ def test_relaxed_criteria_certificates():
     fig = T.relaxed_criteria_certificates(n_grid=60, vocab=16, ratio=0.6, budget=0.02)
     (greedy,) = _by_gid(fig, "cert:greedy")
     p1 = torch.tensor(greedy.get_xdata(), dtype=torch.float64)
-    p = T.geometric_tail_target(p1, 16, 0.6)
+    p = targets.geometric_tail_target(p1, 16, 0.6)
     assert np.allclose(greedy.get_ydata(), certificate(p, "greedy").numpy())
     for spec in T.RELAXED_CRITERIA[1:]:
         (line,) = _by_gid(fig, f"ratio:{spec}")
@@ -143,9 +144,9 @@ def test_tree_margin_curves_and_scatter():
 def test_stochastic_contrast_worst_case_paths():
     gen = torch.Generator().manual_seed(2)
     p = torch.softmax(2 * torch.randn(200, 10, generator=gen, dtype=torch.float64), -1)
-    q = T.perturb(p, torch.randn(200, 10, generator=gen, dtype=torch.float64), 0.5)
-    paths = torch.stack([T.two_top_target(torch.tensor(0.6), torch.tensor(0.2), 10),
-                         T.two_top_target(torch.tensor(0.4), torch.tensor(0.35), 10)])
+    q = targets.perturb(p, torch.randn(200, 10, generator=gen, dtype=torch.float64), 0.5)
+    paths = torch.stack([targets.two_top_target(torch.tensor(0.6), torch.tensor(0.2), 10),
+                         targets.two_top_target(torch.tensor(0.4), torch.tensor(0.35), 10)])
     fig = T.stochastic_contrast(p, q, paths, n_steps=81)
     counts = sum(len(_by_gid(fig, f"pairs:{k}")[0].get_offsets()) for k in ("certified", "accepted", "rejected"))
     assert counts == 200
@@ -170,9 +171,9 @@ def _theory_figures() -> dict[str, Figure]:
     """Every theory figure, on small versions of the inputs the chapters use."""
     gen = torch.Generator().manual_seed(3)
     rand = torch.softmax(3 * torch.randn(200, 12, generator=gen, dtype=torch.float64), -1)
-    q = T.perturb(rand, torch.randn(200, 12, generator=gen, dtype=torch.float64), 0.5)
-    paths = torch.stack([T.two_top_target(torch.tensor(0.7), torch.tensor(0.1), 12),
-                         T.two_top_target(torch.tensor(0.4), torch.tensor(0.37), 12)])
+    q = targets.perturb(rand, torch.randn(200, 12, generator=gen, dtype=torch.float64), 0.5)
+    paths = torch.stack([targets.two_top_target(torch.tensor(0.7), torch.tensor(0.1), 12),
+                         targets.two_top_target(torch.tensor(0.4), torch.tensor(0.37), 12)])
     return {
         "criteria_level_sets": T.criteria_level_sets(torch.softmax(-0.45 * torch.arange(12, dtype=torch.float64), 0)),
         "exact_certificate_witness": T.exact_certificate_witness(
@@ -239,7 +240,7 @@ def test_relaxed_figure_marks_infinity_in_a_labelled_band(theory_figs):
     at = ax_a.get_yticks()[labels.index("+\u221e")]
     (add,) = _by_gid(fig, "cert:additive:0.3")
     y = np.asarray(add.get_ydata())
-    p = T.geometric_tail_target(torch.tensor(add.get_xdata(), dtype=torch.float64), 32, 0.7)
+    p = targets.geometric_tail_target(torch.tensor(add.get_xdata(), dtype=torch.float64), 32, 0.7)
     inf = ~torch.isfinite(certificate(p, "additive:0.3")).numpy()
     assert inf.any() and np.allclose(y[inf], at)  # +inf drawn on the +inf tick ...
     assert np.all(y[~inf] < at / 1.8)  # ... and no finite value inside the band

@@ -6,14 +6,8 @@ caller's back: a notebook displays the returned figure and passes it to
 :func:`companion.figures.save_figure` under the stable name listed in :data:`FIGURE_NAMES`.
 Artists that carry data a test may want to read back have a ``gid`` (e.g. ``"cert:greedy"``).
 
-The target families used by the figures are built here too, so that a chapter can compute its
-quoted numbers on exactly the targets it draws:
-
-* :func:`two_top_target`: ``p = (p1, p2, r, ..., r)`` with the rest ``1 - p1 - p2`` spread
-  evenly over ``V - 2`` tokens.
-* :func:`geometric_tail_target`: top-1 ``p1``, the rest ``1 - p1`` spread over ``V - 1``
-  tokens in a fixed geometric pattern ``p_i ∝ ratio**(i-2)``, ``i = 2..V``.
-* :func:`perturb`: ``q = softmax(log p + scale * noise)``.
+The target families the figures draw on live in :mod:`companion.targets`, so that a chapter
+computes its quoted numbers on exactly the targets it draws.
 """
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from companion.bounds import margin_only_bound, multiplicative_floor, additive_floor
+from companion.bounds import additive_floor, margin_only_bound, multiplicative_floor, tree_quadratic_constant
 from companion.certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
 from companion.criteria import (
     AdditiveRelaxed,
@@ -47,16 +41,13 @@ from companion.figures.palette import (
     tree_color,
 )
 from companion.stochastic import acceptance_probability, pinsker_lower_bound
+from companion.targets import geometric_tail_target, geometric_tail_tie, two_top_target
 
 __all__ = [
     "FIGURE_NAMES",
     "LEVEL_SET_CRITERIA",
     "RELAXED_CRITERIA",
     "criterion_color",
-    "two_top_target",
-    "geometric_tail_target",
-    "perturb",
-    "tree_quadratic_constant",
     "criteria_level_sets",
     "exact_certificate_witness",
     "strict_greedy_margin",
@@ -91,68 +82,6 @@ _ACCEPT, _REJECT = ACCEPT, REJECT
 
 
 # -- target families ------------------------------------------------------------------------
-
-
-def two_top_target(p1: Tensor, p2: Tensor, vocab: int) -> Tensor:
-    """``[..., V]`` targets ``(p1, p2, r, ..., r)`` with ``r = (1 - p1 - p2)/(V - 2)``.
-
-    Raises if some row would not be sorted (``r > p2``) or ``p1 < p2``: the rest must stay below
-    the runner-up for ``p2`` to be the boundary of the strict greedy rejection region.
-    """
-    p1 = torch.as_tensor(p1, dtype=torch.float64)
-    p2 = torch.as_tensor(p2, dtype=torch.float64)
-    if vocab < 3:
-        raise ValueError("vocab must be at least 3")
-    rest = (1 - p1 - p2) / (vocab - 2)
-    if bool((rest < -1e-12).any()) or bool((rest > p2).any()) or bool((p2 > p1).any()):
-        raise ValueError("need p1 >= p2 >= (1 - p1 - p2)/(V - 2) >= 0 on every row")
-    rest = rest.clamp(min=0.0)
-    tail = rest.unsqueeze(-1).expand(*rest.shape, vocab - 2)
-    return torch.cat([p1.unsqueeze(-1), p2.unsqueeze(-1), tail], dim=-1)
-
-
-def geometric_tail_target(p1: Tensor, vocab: int = 32, ratio: float = 0.7) -> Tensor:
-    """``[..., V]`` targets: top-1 ``p1``, then ``p_i = (1 - p1) ratio**(i-2) / Z`` for ``i = 2..V``.
-
-    ``Z = sum_{i=0}^{V-2} ratio**i``. The runner-up is ``p2 = (1 - p1)/Z``, so the family runs
-    from a tie (``p1 = 1/(1 + Z)``) to a point mass (``p1 = 1``); rows with ``p1 < p2`` are
-    rejected.
-    """
-    if not 0 < ratio < 1:
-        raise ValueError("ratio must lie in (0, 1)")
-    p1 = torch.as_tensor(p1, dtype=torch.float64)
-    shape = ratio ** torch.arange(vocab - 1, dtype=torch.float64)
-    shape = shape / shape.sum()
-    tail = (1 - p1).unsqueeze(-1) * shape
-    if bool((tail[..., 0] > p1 + 1e-15).any()):
-        raise ValueError(f"p1 must be at least the tie point {geometric_tail_tie(vocab, ratio):.6g}")
-    return torch.cat([p1.unsqueeze(-1), tail], dim=-1)
-
-
-def geometric_tail_tie(vocab: int = 32, ratio: float = 0.7) -> float:
-    """The ``p1`` at which :func:`geometric_tail_target` has ``p1 = p2``: ``1 / (1 + Z)``."""
-    z = sum(ratio**i for i in range(vocab - 1))
-    return 1.0 / (1.0 + z)
-
-
-def perturb(p: Tensor, noise: Tensor, scale: float | Tensor) -> Tensor:
-    """Drafts ``q = softmax(log p + scale * noise)`` in float64.
-
-    ``scale`` is a number or a tensor broadcastable to ``p.shape[:-1]`` (one scale per row).
-    """
-    scale = torch.as_tensor(scale, dtype=torch.float64).unsqueeze(-1)
-    return torch.softmax(torch.log(p.to(torch.float64)) + scale * noise.to(torch.float64), dim=-1)
-
-
-def tree_quadratic_constant(m: int) -> float:
-    """``c_m = min_{0 < gamma <= 1} phi_m(gamma) / gamma**2 = m**2 log m / (m**2 - 1)`` (``c_1 = 1/2``).
-
-    Attained at ``gamma = (m - 1)/m`` for ``m >= 2``; the sharp global quadratic margin-only
-    bound on the width-``m`` tree certificate is ``phi_m(gamma) >= c_m gamma**2``.
-    """
-    if m < 1:
-        raise ValueError("m must be >= 1")
-    return 0.5 if m == 1 else m * m * math.log(m) / (m * m - 1)
 
 
 # -- chapter 1 ------------------------------------------------------------------------------
