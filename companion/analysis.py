@@ -82,7 +82,7 @@ import torch
 
 from companion.certificates import tree_cost
 from companion.criteria import parse_criterion
-from companion.runs import certified_run_lengths
+from companion.runs import certified_run_lengths, run_lengths
 from companion.summary import TopSummary
 
 __all__ = [
@@ -660,11 +660,11 @@ def tree_coverage(traces: Traces, widths: Sequence[int] = tuple(range(1, 9)), di
 def round_lengths(traces: Traces, flags: np.ndarray, draft_length: int | None) -> np.ndarray:
     """``min(K, run of True from t)`` at every step (row order), the run cut at the trajectory's end.
 
-    ``draft_length`` None means ``K = inf``. Uses :func:`companion.runs.certified_run_lengths`
-    on ``1.0`` (True) / ``0.0`` (False) / NaN (padding) with budget ``0.5``.
+    ``draft_length`` None means ``K = inf``. Uses :func:`companion.runs.run_lengths`, with the
+    padding after each trajectory's end counted as False so that no run crosses it.
     """
-    x = traces.padded(np.asarray(flags, dtype=bool).astype(np.float64), np.nan)
-    runs = certified_run_lengths(torch.from_numpy(x), 0.5).numpy()[traces.valid_mask()]
+    x = traces.padded(np.asarray(flags, dtype=bool).astype(np.float64), 0.0) > 0
+    runs = run_lengths(torch.from_numpy(x)).numpy()[traces.valid_mask()]
     return runs if draft_length is None else np.minimum(runs, draft_length)
 
 

@@ -223,7 +223,3 @@ def load_pair(
     target_model = load_model(target_name, device=device, dtype=dtype, **model_kwargs)
     return target_model, draft_model, tok
 
-
-def is_local_model_dir(path: PathLike) -> bool:
-    """Whether ``path`` is a folder with a model config (i.e. loads without any hub access)."""
-    return (Path(path) / "config.json").is_file()

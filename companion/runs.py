@@ -31,10 +31,22 @@ def certified_run_lengths(certs: Tensor, eps: float | Tensor) -> Tensor:
         raise ValueError("eps must be non-negative")
     c = certs.to(torch.float64)
     e = eps_t.reshape(eps_t.shape + (1,) * c.dim())
-    certified = c > e  # NaN compares False
-    t_len = c.shape[-1]
-    pos = torch.arange(t_len, device=c.device)
-    fail_at = torch.where(certified, torch.full_like(pos, t_len), pos)
+    return run_lengths(c > e)  # NaN compares False: not certified
+
+
+def run_lengths(flags: Tensor) -> Tensor:
+    """Length of the run of ``True`` starting at each position of ``flags`` ``[..., T]`` (bool).
+
+    ``run_t = min{ f >= t : not flags_f } - t`` (``f = T`` when none), int64, same shape: the
+    next failure index is a reversed cumulative minimum, so there is no loop.
+    """
+    if flags.dtype != torch.bool:
+        raise ValueError(f"flags must be a bool tensor, got {flags.dtype}")
+    if flags.dim() < 1:
+        raise ValueError("flags must have shape [..., T]")
+    t_len = flags.shape[-1]
+    pos = torch.arange(t_len, device=flags.device)
+    fail_at = torch.where(flags, torch.full_like(pos, t_len), pos)
     # Next failure at or after t: cumulative minimum from the right.
     next_fail = fail_at.flip(-1).cummin(-1).values.flip(-1)
     return next_fail - pos

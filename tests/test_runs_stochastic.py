@@ -78,3 +78,12 @@ def test_kl_from_logits_and_support() -> None:
     a = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
     b = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)
     assert torch.isinf(kl_divergence(a, b))
+
+
+def test_run_lengths_counts_true_runs_and_refuses_non_bool() -> None:
+    from companion.runs import run_lengths
+
+    flags = torch.tensor([[True, True, False, True], [False, True, True, True]])
+    assert run_lengths(flags).tolist() == [[2, 1, 0, 1], [0, 3, 2, 1]]
+    with pytest.raises(ValueError, match="bool"):
+        run_lengths(torch.tensor([1.0, 0.0]))

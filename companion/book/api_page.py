@@ -21,9 +21,6 @@ for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
         out[name] = ["ok", ""]
-    except ModuleNotFoundError as err:
-        missing = err.name and (name == err.name or name.startswith(err.name + "."))
-        out[name] = ["missing" if missing else "error", f"{type(err).__name__}: {err}"]
     except Exception as err:
         out[name] = ["error", f"{type(err).__name__}: {err}"]
 print(json.dumps(out))
@@ -31,7 +28,7 @@ print(json.dumps(out))
 
 
 def probe_modules(modules: list[str], root: Path) -> dict[str, tuple[str, str]]:
-    """Import each module in a fresh interpreter: ``ok``, ``missing`` (not written yet) or ``error``."""
+    """Import each module in a fresh interpreter: ``ok`` or ``error``."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _PROBE, *modules], capture_output=True, text=True,
@@ -48,6 +45,4 @@ def render_api_section(module: str, status: str, detail: str) -> str:
     if status == "ok":
         # autodoc emits reStructuredText: parse it as such (inside MyST it would show as raw text).
         return head + f"```{{eval-rst}}\n.. automodule:: {module}\n```\n"
-    if status == "missing":
-        return head + "```{note}\nThis module is not part of this build yet.\n```\n"
     return head + f"```{{warning}}\nThis module failed to import, so it is not documented here:\n`{detail}`\n```\n"
