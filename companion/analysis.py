@@ -82,6 +82,8 @@ import torch
 
 from companion.certificates import tree_cost
 from companion.criteria import parse_criterion
+from companion.harvest.schema import column as column_name
+from companion.harvest.schema import short_divergence
 from companion.runs import certified_run_lengths, run_lengths
 from companion.summary import TopSummary
 
@@ -215,28 +217,20 @@ class Traces:
 
     # convenience ------------------------------------------------------------------------------
     def cert(self, criterion: str, divergence: str = "forward") -> np.ndarray:
-        return self.column(f"cert_{_div(divergence)}[{criterion}]")
+        return self.column(column_name("cert", criterion, divergence))
 
     def kl(self, divergence: str = "forward") -> np.ndarray:
-        return self.column(f"kl_{_div(divergence)}")
+        return self.column(f"kl_{short_divergence(divergence)}")
 
     def tree_cert(self, m: int, divergence: str = "forward") -> np.ndarray:
         """``rho_tree,m`` per step: the stored column, else from ``top_probs`` (:func:`tree_certificates_from_top`)."""
-        name = f"tree_cert_{_div(divergence)}[{m}]"
+        name = column_name("tree_cert", m, divergence)
         if self.has(name):
             return self.column(name)
         key = f"_computed:{name}"
         if key not in self._cache:
             self._cache[key] = tree_certificates_from_top(self.column("top_probs"), m, divergence)
         return self._cache[key]
-
-
-def _div(divergence: str) -> str:
-    if divergence in ("forward", "fwd"):
-        return "fwd"
-    if divergence in ("reverse", "rev"):
-        return "rev"
-    raise ValueError(f"divergence must be 'forward' or 'reverse', got {divergence!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,10 +290,10 @@ def target_summary(traces: Traces, criteria: Sequence[str] | None = None, tree_w
     rows = [SummaryRow("target top-1 probability $p_{(1)}$", "p_top1", summarize_values(traces.column("p_top1"))),
             SummaryRow("target top-10 mass", "top10_mass", summarize_values(traces.column("top10_mass")))]
     for c in (traces.criteria if criteria is None else criteria):
-        col = f"cert_{_div(divergence)}[{c}]"
+        col = column_name("cert", c, divergence)
         rows.append(SummaryRow(f"certificate `{c}`", col, summarize_values(traces.column(col))))
     for m in tree_widths:
-        rows.append(SummaryRow(f"tree certificate, $m = {m}$", f"tree_cert_{_div(divergence)}[{m}]",
+        rows.append(SummaryRow(f"tree certificate, $m = {m}$", column_name("tree_cert", m, divergence),
                                summarize_values(traces.tree_cert(m, divergence)), math.log(m + 1)))
     return rows
 
@@ -416,7 +410,7 @@ def tightness_by_bin(traces: Traces, edges: np.ndarray, criteria: Sequence[str] 
     kl = traces.kl(divergence)
     values: dict[str, np.ndarray] = {}
     for c in (traces.criteria if criteria is None else criteria):
-        acc = traces.column(f"accepted[{c}]").astype(bool)
+        acc = traces.column(column_name("accepted", c)).astype(bool)
         cert = kl < traces.cert(c, divergence)
         frac, n_acc = fraction_by_bin(cert, b, n_bins, where=acc)
         values[c] = frac
@@ -522,7 +516,7 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
         raise ValueError("tree width m must be >= 1")
     if top.shape[0] == 0:
         return np.zeros(0)
-    cost, _ = tree_cost(torch.tensor(top[:, : m + 1]), m, "forward" if _div(divergence) == "fwd" else "reverse")
+    cost, _ = tree_cost(torch.tensor(top[:, : m + 1]), m, "forward" if short_divergence(divergence) == "fwd" else "reverse")
     return cost.numpy()
 
 
@@ -559,7 +553,7 @@ def acceptance_table(traces: Traces, criteria: Sequence[str] | None = None) -> l
     """Per criterion ``c``: ``mean(accepted_c)``, ``mean(kl < rho_c)`` both ways, tightness both ways, violations."""
     rows = []
     for c in (traces.criteria if criteria is None else criteria):
-        acc = traces.column(f"accepted[{c}]").astype(bool)
+        acc = traces.column(column_name("accepted", c)).astype(bool)
         cf = traces.kl("forward") < traces.cert(c, "forward")
         cr = traces.kl("reverse") < traces.cert(c, "reverse")
         n_acc = int(acc.sum())
@@ -607,21 +601,21 @@ def soundness(traces: Traces, tree_widths: Sequence[int] = tuple(range(1, 9))) -
         tau = thresholds_from_top(traces, c)
         crit = parse_criterion(c)
         acc = crit.accept_from(torch.tensor(draft_p, dtype=torch.float64), torch.tensor(tau)).numpy()
-        mismatches[f"accepted[{c}]"] = int((acc != traces.column(f"accepted[{c}]").astype(bool)).sum())
+        mismatches[column_name("accepted", c)] = int((acc != traces.column(column_name("accepted", c)).astype(bool)).sum())
         for div in ("fwd", "rev"):
             cert = traces.kl(div) < traces.cert(c, div)
             violations[f"{c} ({div})"] = int((cert & ~acc).sum())
-            mismatches[f"certified_{div}[{c}]"] = int((cert != traces.column(f"certified_{div}[{c}]").astype(bool)).sum())
+            mismatches[column_name("certified", c, div)] = int((cert != traces.column(column_name("certified", c, div)).astype(bool)).sum())
             checks += len(cert)
     rank = traces.column("token_rank_in_draft")
     for m in tree_widths:
         covered = rank <= m
-        if traces.has(f"covered[{m}]"):
-            mismatches[f"covered[{m}]"] = int((covered != traces.column(f"covered[{m}]").astype(bool)).sum())
+        if traces.has(column_name("covered", m)):
+            mismatches[column_name("covered", m)] = int((covered != traces.column(column_name("covered", m)).astype(bool)).sum())
         for div in ("fwd", "rev"):
             cert = traces.kl(div) < traces.tree_cert(m, div)
             violations[f"tree m={m} ({div})"] = int((cert & ~covered).sum())
-            name = f"tree_certified_{div}[{m}]"
+            name = column_name("tree_certified", m, div)
             if traces.has(name):
                 mismatches[name] = int((cert != traces.column(name).astype(bool)).sum())
             checks += len(cert)
@@ -692,7 +686,7 @@ def accepted_length_per_round(traces: Traces, draft_lengths: Sequence[int] = tup
     ks = np.asarray(list(draft_lengths))
     meas, cert, bud, gap = {}, {}, {}, {}
     for c in (traces.criteria if criteria is None else criteria):
-        acc = traces.column(f"accepted[{c}]").astype(bool)
+        acc = traces.column(column_name("accepted", c)).astype(bool)
         rho = traces.cert(c, divergence)
         a_inf = round_lengths(traces, acc, None)
         c_inf = round_lengths(traces, kl < rho, None)

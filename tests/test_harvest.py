@@ -681,3 +681,19 @@ def test_cli_missing_weights_is_a_message_not_a_traceback(tmp_path, monkeypatch,
     assert err.startswith("companion harvest: ") and "huggingface-cli download" in err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_column_names_come_from_the_schema_templates() -> None:
+    from companion.harvest.schema import column
+
+    assert column("cert", "greedy", "forward") == "cert_fwd[greedy]"
+    assert column("tree_cert", 4, "reverse") == "tree_cert_rev[4]"
+    assert column("accepted", "topm:4") == "accepted[topm:4]"
+    assert column("covered", 8) == "covered[8]"
+    assert column("tree_certified", 2, "fwd") == "tree_certified_fwd[2]"
+    names = set(column_names(["greedy"], [4], True))
+    assert {column("certified", "greedy", d) for d in ("forward", "reverse")} <= names
+    with pytest.raises(ValueError, match="need a divergence"):
+        column("cert", "greedy")
+    with pytest.raises(ValueError, match="divergence must be"):
+        column("cert", "greedy", "both")

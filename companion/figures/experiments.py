@@ -17,6 +17,7 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from companion import analysis as A
+from companion.harvest.schema import column as column_name
 from companion.figures.palette import (
     ACCEPT,
     INF_LABEL,
@@ -308,7 +309,7 @@ def tightness_by_margin(traces: A.Traces, n_bins: int = 8, criteria: Sequence[st
         (ln,) = ax_t.plot(x, tight.values[c], marker="o", ms=3.5, label=c, **_style(c))
         ln.set_gid(f"tight:{c}")
         handles.append(ln)
-        acc_flags = traces.column(f"accepted[{c}]")
+        acc_flags = traces.column(column_name("accepted", c))
         acc, _ = A.fraction_by_bin(acc_flags, bins, tight.n_bins)
         (ln2,) = ax_a.plot(x, acc, marker="o", ms=3.5, label=c, **_style(c))
         ln2.set_gid(f"accept:{c}")
@@ -367,7 +368,7 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
     lo = min(x_floor, y_floor)
     for ax, c in zip(axes, crits):
         rho = traces.cert(c, divergence)[idx]
-        acc = traces.column(f"accepted[{c}]")[idx].astype(bool)
+        acc = traces.column(column_name("accepted", c))[idx].astype(bool)
         xs = np.clip(np.where(np.isinf(rho), right, rho), x_floor, None)
         ys = np.clip(kl_drawn, y_floor, None)
         for mask, color, label, gid in ((acc, _ACCEPT, "accepted", "accepted"), (~acc, _REJECT, "rejected", "rejected")):

@@ -115,6 +115,32 @@ def expand(column: Column, criteria: Sequence[str], widths: Sequence[int]) -> li
     return [column.name]
 
 
+def short_divergence(divergence: str) -> str:
+    """``"fwd"`` or ``"rev"``, the suffix of the column names of a divergence."""
+    if divergence in ("forward", "fwd"):
+        return "fwd"
+    if divergence in ("reverse", "rev"):
+        return "rev"
+    raise ValueError(f"divergence must be 'forward' or 'reverse', got {divergence!r}")
+
+
+def column(kind: str, key: str | int, divergence: str | None = None) -> str:
+    """The name of a per-criterion or per-width column, formatted from its template in :data:`SCHEMA`.
+
+    ``kind`` is the template's stem (``"cert"``, ``"tree_cert"``, ``"accepted"``, ``"certified"``,
+    ``"covered"``, ``"tree_certified"``), ``key`` a criterion spec or a tree width, and
+    ``divergence`` (``"forward"``/``"reverse"``) is required for the stems that come in both:
+    ``column("cert", "greedy", "forward") == "cert_fwd[greedy]"``.
+    """
+    stem = kind if divergence is None else f"{kind}_{short_divergence(divergence)}"
+    template = _TEMPLATES.get(stem)
+    if template is None:
+        known = sorted({t.split("[")[0].removesuffix("_fwd").removesuffix("_rev") for t in _TEMPLATES})
+        raise ValueError(f"no column template {stem!r} (kinds: {', '.join(known)}; cert, tree_cert, "
+                         "certified and tree_certified need a divergence)")
+    return template.name.format(spec=key) if template.per == "criterion" else template.name.format(m=int(key))
+
+
 def column_names(criteria: Sequence[str], widths: Sequence[int], drafter: bool) -> list[str]:
     """All column names of a harvest with these criterion specs, tree widths and drafter presence."""
     return [n for c in SCHEMA if drafter or not c.drafter for n in expand(c, criteria, widths)]
@@ -144,3 +170,6 @@ def schema_markdown(example_criteria: Iterable[str] = ("additive:0.3",), example
         meaning = c.meaning.replace("|", "\\|")
         lines.append(f"| `{c.name}` | {c.type} | {'yes' if c.drafter else ''} | `{example}` | {meaning} |")
     return "\n".join(lines) + "\n"
+
+
+_TEMPLATES: dict[str, Column] = {c.name.split("[")[0]: c for c in SCHEMA if c.per != "step"}
