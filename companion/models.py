@@ -16,6 +16,7 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from companion.devices import resolve_device
 from companion.tiny_pair import ASSET_DIR
 
 PathLike = str | os.PathLike[str]
@@ -54,13 +55,6 @@ def register_preset(name: str, target: str, drafter: str | None = None, tokenize
 def preset_names() -> list[str]:
     """Names accepted by ``load_pair`` as presets."""
     return sorted(_PRESETS)
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` means CUDA when available, else CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")

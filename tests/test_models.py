@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from companion.devices import resolve_device
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -57,7 +59,7 @@ def test_local_pair_dtype_and_device(tmp_path: Path) -> None:
 
 
 def test_auto_device_and_dtype() -> None:
-    dev = cm.resolve_device(None)
+    dev = resolve_device(None)
     assert dev.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert cm.resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert cm.resolve_dtype(None, torch.device("cuda")) == torch.bfloat16

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 
-import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,24 +257,12 @@ def plan_parameters(
 
 
 def describe_device(device: str | None) -> tuple[str | None, str]:
-    """Resolve ``auto`` and describe the hardware: ``(device, description)``."""
-    cpu = f"{platform.machine() or 'CPU'}, {os.cpu_count()} cores"
-    if device is None or device == "cpu":
-        return device, cpu
+    """Resolve ``auto`` and describe the hardware (:func:`companion.devices.describe_device`);
+    an unavailable device is a :class:`ReproduceError`, found before anything runs."""
+    from companion.devices import DeviceUnavailableError
+    from companion.devices import describe_device as describe
+
     try:
-        import torch
-    except ImportError:
-        if device == "auto":
-            return "cpu", cpu
-        raise ReproduceError("device 'cuda' requested but torch is not installed") from None
-    available = torch.cuda.is_available()
-    if device == "auto":
-        device = "cuda" if available else "cpu"
-    if device == "cuda":
-        if not available:
-            raise ReproduceError(
-                "device 'cuda' requested but torch sees no CUDA device "
-                f"(torch {torch.__version__}); install a CUDA build of torch or use the cpu profile"
-            )
-        return device, torch.cuda.get_device_name(0)
-    return device, cpu
+        return describe(device)
+    except DeviceUnavailableError as err:
+        raise ReproduceError(str(err)) from None

@@ -109,7 +109,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     """
     from companion.harvest import harvest, read_manifest
     from companion.harvest.store import HarvestConfigError
-    from companion.models import resolve_device
+    from companion.devices import resolve_device
 
     if traces_dir:
         out = Path(traces_dir)
@@ -117,7 +117,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
             manifest = read_manifest(out)
             if manifest.get("status") == "complete":
                 return ChapterTraces(out, manifest, 0)
-    dev = resolve_device(None if device == "auto" else device)
+    dev = resolve_device(device)
     auto = not traces_dir
     out = (default_traces_dir(preset, n_prompts, n_steps, device_type=dev.type, batch_size=batch_size, seed=seed,
                               runs_root=runs_root) if auto else Path(traces_dir))

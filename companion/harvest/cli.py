@@ -210,6 +210,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     _check_device(args.device)
 
     # Nothing can be found wrong without the models from here on.
+    from companion.devices import resolve_device
     from companion.harvest.core import distributed_context, harvest
     from companion.harvest.store import HarvestConfigError
     from companion.models import WeightsUnavailableError, load_pair, load_tokenizer
@@ -218,7 +219,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dist = distributed_context()
-    device = _device(args.device, dist.local_rank, dist.world)
+    device = resolve_device(args.device, local_rank=dist.local_rank, world=dist.world)
     try:
         prompts = plan.prompts
         if prompts is None:  # UltraChat: the selection measures lengths in the target's tokenizer
@@ -399,37 +400,9 @@ def _check_new_file(path: Path, option: str) -> None:
 
 def _check_device(requested: str | None) -> None:
     """A device torch knows and this machine has."""
-    if requested is None:
-        return
-    import torch
+    from companion.devices import DeviceUnavailableError, check_device
 
     try:
-        dev = torch.device(requested)
-    except (RuntimeError, ValueError):
-        raise Refusal(f"--device {requested}: expected cpu, cuda, cuda:N or mps") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise Refusal(f"--device {requested}: torch {torch.__version__} sees no CUDA device; "
-                          "use --device cpu, or a CUDA build of torch on a machine with a GPU")
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise Refusal(f"--device {requested}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise Refusal(f"--device {requested}: torch sees no Apple GPU (MPS); use --device cpu")
-    elif dev.type != "cpu":
-        raise Refusal(f"--device {requested}: expected cpu, cuda, cuda:N or mps")
-
-
-def _device(requested: str | None, local_rank: int, world: int):
-    """The device of this process: as requested, else CUDA (one GPU per local rank) when present, else CPU."""
-    import torch
-
-    if requested is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device("cpu")
-    dev = torch.device(requested)
-    if dev.type == "cuda" and dev.index is None and world > 1:
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return dev
+        check_device(requested)
+    except DeviceUnavailableError as err:
+        raise Refusal(f"--device {requested}: {err}") from None
