@@ -19,15 +19,6 @@ from typing import Any, Iterable
 
 RECORD_SCHEMA = 1
 
-# What each preset name means, as the status page explains it. Kept here, and not imported
-# from companion.models, so that the status page never depends on the model code importing.
-PRESET_MODELS: dict[str, str] = {
-    "default": "embedded tiny pair (target and drafter shipped with the package)",
-    "paper-qwen3-1.7b": "Qwen3-1.7B target, Qwen3-0.6B drafter",
-    "paper-qwen3-4b": "Qwen3-4B target, Qwen3-0.6B drafter",
-}
-
-
 @dataclass
 class ChapterExecution:
     """One successful execution of one chapter notebook."""
@@ -172,12 +163,20 @@ def _models(run: ChapterExecution) -> str:
         return f"traces `{run.parameters.get('traces_dir')}`: {run.harvest}"
     parts = []
     if run.preset is not None:
-        described = PRESET_MODELS.get(run.preset)
+        described = _preset_description(run.preset)
         parts.append(f"`{run.preset}`" + (f": {described}" if described else ""))
     for key, value in sorted(run.parameters.items()):
         if "model" in key and value not in (None, ""):
             parts.append(f"{key} = `{value}`")
     return "; ".join(parts)
+
+
+def _preset_description(name: str) -> str | None:
+    """The harvest preset's own description (:data:`companion.harvest.presets.PRESETS`), if known."""
+    from companion.harvest.presets import PRESETS
+
+    preset = PRESETS.get(name)
+    return preset.description if preset else None
 
 
 def _parameters(run: ChapterExecution) -> str:
