@@ -108,6 +108,7 @@ __all__ = [
     "mean_run_length",
     "median_by_bin",
     "quantile",
+    "regime_table",
     "round_lengths",
     "run_length_curves",
     "soundness",
@@ -306,6 +307,26 @@ def _fmt(v: float, spec: str = ".4g") -> str:
     if isinstance(v, float) and math.isinf(v):
         return "$+\\infty$" if v > 0 else "$-\\infty$"
     return format(v, spec)
+
+
+REGIME_QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def regime_table(traces: Traces, qs: Sequence[float] = REGIME_QUANTILES) -> list[tuple[str, list[float]]]:
+    """The target's regime on its own greedy steps: quantiles ``Q(q)`` (as :func:`quantile`) of its
+    top-1 probability, top-10 mass and strict-greedy certificate (forward, nats), and the mean.
+
+    A chat LLM decoding greedily is near-certain on most steps; these rows say how confident
+    the target of a run is, which decides how large its certificates can be.
+    """
+    rows = []
+    for label, values in (("top-1 probability $p_{(1)}$", traces.column("p_top1")),
+                          ("top-10 mass", traces.column("top10_mass")),
+                          ("strict-greedy certificate $\\rho^*$ (nats)", traces.cert("greedy"))):
+        v = np.asarray(values, dtype=np.float64)
+        finite = v[np.isfinite(v)]
+        rows.append((label, [quantile(v, q) for q in qs] + [float(finite.mean()) if finite.size else math.nan]))
+    return rows
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], spec: str = ".4g") -> str:
