@@ -146,13 +146,14 @@ def summarize(
     # function of the library normalises a row to the same float64 numbers.
     k_norm = min(DEFAULT_TOP, vocab)
     top, idx = torch.topk(flat, max(k, k_norm), dim=-1, largest=True, sorted=True)
-    # Tail sums needed in the pass over the rows: at K_norm for a new normaliser, at k for the
-    # summary's tail when k lies beyond K_norm (or when the normaliser is reused).
+    # Tail sums needed in the pass over the rows: at K_norm for a new normaliser, and at
+    # max(k, K_norm) for the summary's tail (below K_norm the tail is that split's plus the values
+    # in between: splitting at a small k would cancel k x(k) against a much smaller tail).
     splits: list[int] = []
     if norm is None and k_norm < vocab:
         splits.append(k_norm)
-    if k < vocab and (k > k_norm or norm is not None):
-        splits.append(k)
+    if max(k, k_norm) < vocab and max(k, k_norm) not in splits:
+        splits.append(max(k, k_norm))
     if from_logits:
         name = "logits" if what == "p" else what
         m = top[:, 0].to(torch.float64)
@@ -173,7 +174,7 @@ def summarize(
         kths = [top64[:, s - 1] for s in splits]
         sums = _row_tail_sums(flat, splits, kths, None)
         if norm is None:
-            norm = top64[:, :k_norm].sum(1)
+            norm = top64[:, :k_norm].contiguous().sum(1)
             if k_norm < vocab:
                 norm = norm + sums[k_norm]
             check_probability_rows(p, norm, what=what)
@@ -233,8 +234,11 @@ def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
         # p log p := 0 where p == 0 (masked tokens have logp = -inf).
         plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
         return -plogp.sum(-1).to(torch.float64)
-    # float32 pairwise accumulation: relative error ~1e-7, a float64 sum costs a softmax more.
-    ent = torch.special.entr(work).sum(-1).to(torch.float64)
+    # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
+    # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
+    # ~1e-7, a float64 sum costs a softmax more.
+    tiny = torch.finfo(work.dtype).tiny
+    ent = -work.clamp(min=tiny).log_().mul_(work).sum(-1).to(torch.float64)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
     return ent / norm + torch.log(norm)
 
