@@ -1,4 +1,4 @@
-"""Exact KL certificates of acceptance (THEORY.md, "Exact certificate").
+"""Exact KL certificates of acceptance.
 
 For a target ``p`` and a criterion with rejection region ``R(p)``, the certificate is
 
@@ -6,7 +6,22 @@ For a target ``p`` and a criterion with rejection region ``R(p)``, the certifica
 
 with ``D(p, q) = KL(p || q)`` (``divergence="forward"``) or ``KL(q || p)`` (``"reverse"``).
 A drafter whose ``q`` satisfies ``D(p, q) < rho*(p)`` has every maximiser of ``q`` accepted,
-and no larger number has that property. ``rho* = +inf`` when nothing is rejected.
+and no larger number has that property.
+
+Ties, one convention everywhere (the level-set convention): a criterion accepts ``y`` iff
+``p_y >= tau(p)`` (``>`` for typical acceptance), so strict greedy accepts *every* maximiser of
+``p``; the drafter's ties are broken against us (worst case). A greedy tree of width ``m``
+succeeds iff the drafter's top ``m`` contains a maximiser of ``p``. Hence the width-1 tree and
+strict greedy have the same certificate on every row, exact ties included.
+
+Acceptance and ties are decided on the float64 probabilities the engine normalises (the same
+numbers :mod:`companion.harvest` compares): inputs closer than float64 resolves after
+normalisation (logits within ~1e-16 of each other) count as tied.
+
+``+inf`` means exactly one of: nothing is rejected (``R(p)`` empty; for trees, fewer than ``m``
+tokens are not maximisers of ``p``), or, in the reverse direction, the most likely rejected
+token has probability exactly 0 (no ``q`` with ``KL(q || p) < inf`` can put mass there, so
+``+inf`` is then the exact value, not an overflow).
 
 How it is computed (no loop over the vocabulary or the batch):
 
@@ -16,26 +31,39 @@ How it is computed (no loop over the vocabulary or the batch):
 
    * forward: ``q = p`` off ``A``, ``q = L = mean_A(p)`` on ``A``;
      ``C = sum_{i in A} p_i log(p_i / L)``.
-   * reverse: ``q = t p`` off ``A``, ``q = t G_A`` on ``A`` (``G_A`` the geometric mean);
-     ``C = -log(1 - (P_A - |A| G_A))`` with ``P_A = sum_A p`` and ``t = 1 / (1 - (P_A - |A| G_A))``.
+   * reverse: ``q = t p`` off ``A``, ``q = t G_A`` on ``A`` (``G_A`` the geometric mean),
+     ``t = 1 / (T_A + |A| G_A)`` with ``T_A = sum_{i not in A} p_i`` the mass outside the pool;
+     ``C = -log(T_A + |A| G_A) = -log(1 - (P_A - |A| G_A))``, ``P_A = sum_A p``.
 
    Pooling the top ``j`` tokens with ``y`` gives level ``L_j`` (arithmetic or geometric mean);
    the scan "add the next top token while it exceeds the current level" stops at the first
    maximum of ``L_j``, which is also its global maximum (``L_j`` rises while it scans, then
-   falls), so ``A`` is found by one ``argmax`` over ``j``.
+   falls), so ``A`` is found by one ``argmax`` over ``j``. Tied values are pooled together
+   (if one of them exceeds the level, so do the others).
 2. ``C(p, y)`` is non-increasing in ``p_y``, so ``rho*(p) = C(p, y*)`` for the most likely
    rejected token ``y*``, which sits at sorted position ``r`` (0-based), ``r`` the number of
    accepted tokens. Only the top ``r + 1`` probabilities matter: these come from a ``topk``
-   summary, and the rare rows with ``r >= K`` are redone from a full sort.
-3. Greedy trees of width ``m`` fail iff ``m`` tokens tie or beat the target's greedy token
-   ``g`` under ``q``; the cheapest such ``q`` uses ``p(2..m+1)`` and pools ``g`` with the lowest
-   of them (the same scan, from below, minimising the level).
+   summary, and the rare rows with ``r >= K`` are redone from a wider one.
+3. Greedy trees of width ``m``, with ``t`` maximisers ``p(1) = ... = p(t)``: failure needs ``m``
+   non-maximisers ``z`` with ``q_z >= q_g`` for every maximiser ``g``; the cheapest such ``q``
+   uses ``p(t+1..t+m)`` and pools all ``t`` maximisers with the lowest ``j`` of those
+   competitors (the same scan, from below, minimising the level; ``j >= 1``).
 
-Sums of ``p log(p/L)`` cancel badly near ties (``rho* ~ Delta^2``), so the pooled costs are
-evaluated as ``L * sum g(p_i / L)`` with ``g(x) = x log x - x + 1 >= 0`` and
-``G * sum h(log p_i - log G)`` with ``h(d) = e^d - 1 - d >= 0``, each from its Taylor series
-near zero: every term is non-negative and nothing cancels. All arithmetic is float64 on the
-input's device; results are float64 with the input's leading shape.
+Precision. Sums of ``p log(p/L)`` cancel badly near ties (``rho* ~ Delta^2``), so the pooled
+costs are evaluated as ``L * sum g(p_i / L)`` with ``g(x) = x log x - x + 1 >= 0`` and, for the
+reverse excess ``e = P_A - |A| G_A``, as ``G * sum h(log p_i - log G)`` with
+``h(d) = e^d - 1 - d >= 0``, each from its Taylor series near zero: every term is non-negative
+and nothing cancels. On peaked rows (top-1 gaps of tens or hundreds of nats) ``e`` is close to 1
+and ``-log(1 - e)`` would lose every digit; there (``e >= 1/2``) the cost is evaluated in log
+space as ``-log(T_A + |A| G_A)``, with ``T_A`` summed from the probabilities left out of the
+pool plus the summary's separately summed tail mass, and ``log G_A`` the mean of the pooled
+log-probabilities (taken from the logits, when given, so that nothing underflows). Float64
+inputs thus give certificates and witnesses to about 1e-12 relative for top-1 gaps up to 700
+nats and beyond; the one floor is at exact-tie scale, where each normalised probability carries
+its own 1e-16 rounding, which moves a certificate of order ``Delta^2`` by about
+``1e-16 sqrt(rho*)``. float32 and bfloat16 inputs are exact in their float64 upcast, except
+that the tail beyond the top ``K`` is summed in float32 (1e-7 of the tail). All arithmetic is
+float64 on the input's device; results are float64 with the input's leading shape.
 """
 from __future__ import annotations
 
@@ -55,9 +83,11 @@ from companion.summary import (
     sorted_rows,
     summarize,
 )
-from companion.validation import check_divergence, check_token, check_tree_width
+from companion.validation import check_distribution_tensor, check_divergence, check_token, check_tree_width
 
 _SERIES_CUTOFF = 1e-2
+# Above this reverse excess e = P_A - |A| G_A, 1 - e is evaluated as T_A + |A| G_A (log space).
+_LARGE_EXCESS = 0.5
 
 
 def xlogx_minus_x_plus_1(x: Tensor) -> Tensor:
@@ -76,95 +106,196 @@ def expm1_minus_x(d: Tensor) -> Tensor:
     return torch.where(d.abs() < _SERIES_CUTOFF, series, direct)
 
 
-def _forward_pool_cost(vals: Tensor, mask: Tensor, level: Tensor) -> Tensor:
-    """``sum_{i in A} p_i log(p_i / L)`` for ``A = mask`` with ``sum_A p = |A| L``."""
-    terms = xlogx_minus_x_plus_1(vals / level.unsqueeze(-1))
-    return level * torch.where(mask, terms, torch.zeros_like(terms)).sum(-1)
+# ---------------------------------------------------------------------------------------------
+# Argument checks shared by the public functions.
 
 
-def _reverse_pool_cost(vals: Tensor, mask: Tensor, mean_log: Tensor) -> Tensor:
-    """``-log(1 - (P_A - |A| G_A))`` for ``A = mask``, ``log G_A = mean_log``."""
+def _check_p(p: Tensor, from_logits: bool) -> int:
+    """Shape and dtype of ``p`` (a scalar or an empty tensor is refused); returns ``V``."""
+    check_distribution_tensor(p, "logits" if from_logits else "p")
+    return p.shape[-1]
+
+
+def _divergence_list(divergences: Iterable[str] | str) -> list[str]:
+    """One divergence name, or several: ``"forward"`` is taken as ``["forward"]``."""
+    if isinstance(divergences, str):
+        divergences = [divergences]
+    try:
+        items = list(divergences)
+    except TypeError as err:
+        raise ValueError(f"divergences must be 'forward', 'reverse' or a list of them, got {divergences!r}") from err
+    return [check_divergence(d) for d in items]
+
+
+def _width_list(tree_widths: Iterable[int] | int, vocab: int) -> list[int]:
+    """One tree width, or several."""
+    if isinstance(tree_widths, int) and not isinstance(tree_widths, bool):
+        tree_widths = [tree_widths]
+    try:
+        items = list(tree_widths)
+    except TypeError as err:
+        raise ValueError(f"tree_widths must be an integer or a list of integers, got {tree_widths!r}") from err
+    return [check_tree_width(m, vocab) for m in items]
+
+
+# ---------------------------------------------------------------------------------------------
+# The pooled cost, shared by level-set certificates, trees, per-token costs and witnesses.
+
+
+def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None, divergence: str) -> Tensor:
+    """``min D(p, q)`` over ``q`` flat on the pool ``A = pool`` and proportional to ``p`` elsewhere.
+
+    ``vals``, ``logs``: ``[N, C]`` float64 probabilities and their logs (any order of columns);
+    ``pool``: bool ``[N, C]``, non-empty in every row; ``outside``: ``[N]`` the probability
+    mass ``T_A`` of every token not in the pool, summed without cancellation (reverse only).
+
+    * forward: ``L = mean_A p``, ``C = sum_A p_i log(p_i / L) = L sum_A g(p_i / L)``;
+    * reverse: ``log G = mean_A log p``, ``e = P_A - |A| G = G sum_A h(log p_i - log G)``,
+      ``C = -log1p(-e)`` for ``e < 1/2``, else ``C = -log(T_A + |A| G)`` evaluated as
+      ``-logaddexp(log T_A, log |A| + log G)``. A pooled zero makes ``G = 0`` and ``C = -log T_A``
+      (``+inf`` when ``T_A = 0`` too).
+    """
     zero = torch.zeros_like(vals)
-    finite_level = torch.isfinite(mean_log)
-    safe_mean = torch.where(finite_level, mean_log, torch.zeros_like(mean_log))
-    d = torch.log(vals) - safe_mean.unsqueeze(-1)
-    terms = torch.where(mask, expm1_minus_x(torch.where(mask, d, zero)), zero)
-    excess = torch.exp(safe_mean) * terms.sum(-1)
-    # A pooled zero probability makes G_A = 0: then P_A - |A| G_A is simply P_A.
-    excess = torch.where(finite_level, excess, torch.where(mask, vals, zero).sum(-1))
-    return -torch.log1p(-excess.clamp(max=1.0))
+    count = pool.sum(1).to(vals.dtype)
+    if divergence == "forward":
+        level = torch.where(pool, vals, zero).sum(1) / count
+        terms = xlogx_minus_x_plus_1(vals / level.unsqueeze(1))
+        return level * torch.where(pool, terms, zero).sum(1)
+    mean_log = torch.where(pool, logs, zero).sum(1) / count
+    finite = torch.isfinite(mean_log)
+    safe = torch.where(finite, mean_log, torch.zeros_like(mean_log))
+    g = torch.exp(safe).unsqueeze(1)
+    d = torch.where(pool, logs - safe.unsqueeze(1), zero)
+    big = d > 1
+    # G h(d): its series near 0, G (expm1(d) - d) up to d = 1, and p - G (1 + d) beyond, where
+    # no cancellation is left and e^d could overflow.
+    near = g * expm1_minus_x(torch.where(big, zero, d))
+    far = vals - g * (1 + d)
+    excess = torch.where(pool, torch.where(big, far, near), zero).sum(1)
+    small = -torch.log1p(-excess.clamp(max=1.0))
+    assert outside is not None, "the reverse cost needs the mass outside the pool"
+    large = -torch.logaddexp(torch.log(outside), torch.log(count) + mean_log)
+    return torch.where(finite & (excess < _LARGE_EXCESS), small, large)
 
 
-def _pool_levels(anchor: Tensor, others: Tensor, divergence: str) -> Tensor:
-    """Level of the pool {anchor} + first ``j`` of ``others``, for ``j = 0..n``: ``[N, n+1]``.
+def _pool_levels(anchor_val: Tensor, anchor_log: Tensor, weight: Tensor, others_val: Tensor, others_log: Tensor,
+                 divergence: str) -> Tensor:
+    """Level of the pool {``weight`` copies of the anchor} + first ``j`` of ``others``, ``j = 0..n``: ``[N, n+1]``.
 
     Forward: the arithmetic mean of the pooled probabilities. Reverse: the mean of their logs
     (the log of the geometric mean ``G``), so that comparisons need no ``exp``.
     """
-    zero_col = torch.zeros(others.shape[0], 1, dtype=others.dtype, device=others.device)
-    j = torch.arange(others.shape[1] + 1, device=others.device)
+    zero_col = torch.zeros(others_val.shape[0], 1, dtype=others_val.dtype, device=others_val.device)
+    j = torch.arange(others_val.shape[1] + 1, device=others_val.device)
+    w = weight.to(others_val.dtype).unsqueeze(1)
     if divergence == "forward":
-        return (anchor.unsqueeze(1) + torch.cat([zero_col, others.cumsum(1)], dim=1)) / (j + 1)
+        return (w * anchor_val.unsqueeze(1) + torch.cat([zero_col, others_val.cumsum(1)], dim=1)) / (w + j)
     # log 0 = -inf only enters levels that the callers mask or that are exact (zeros pooled).
-    return (torch.log(anchor).unsqueeze(1) + torch.cat([zero_col, torch.log(others).cumsum(1)], dim=1)) / (j + 1)
+    return (w * anchor_log.unsqueeze(1) + torch.cat([zero_col, others_log.cumsum(1)], dim=1)) / (w + j)
 
 
-def _pool_cost(vals: Tensor, pool: Tensor, level: Tensor, divergence: str) -> Tensor:
-    """Cost of flattening ``q`` on the pooled entries ``vals[pool]`` at the given level."""
-    if divergence == "forward":
-        return _forward_pool_cost(vals, pool, level)
-    return _reverse_pool_cost(vals, pool, level)
+def _cost_of_pool(values: Tensor, logs: Tensor, tail: Tensor, pool_k: Tensor, y_val: Tensor, y_log: Tensor,
+                  extra: Tensor, divergence: str) -> Tensor:
+    """:func:`pooled_cost` of a pool given as a mask over a summary's ``K`` sorted values plus,
+    where ``extra``, one token beyond them (probability ``y_val``, log ``y_log``, counted in ``tail``).
 
-
-def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str) -> tuple[Tensor, Tensor, Tensor]:
-    """``C(p, y)`` from the top of a sorted distribution: the pooled-minimiser scan.
-
-    ``values``: ``[N, K]`` float64, each row the ``K`` largest probabilities in decreasing order.
-    ``p_y``: ``[N]`` the probability of the token ``y`` to be lifted to a maximum.
-    ``n_above``: ``[N]`` how many tokens have probability strictly above ``p_y`` (the pooling
-    candidates; may exceed ``K``). Pooling the top ``j`` gives the level
-    ``L_j = (p_y + sum_{i<=j} p(i)) / (j+1)`` (forward) or its geometric analogue (reverse); the
-    minimiser pools ``j* = argmax_j L_j`` (first maximum) tokens.
-
-    Returns ``(cost, j_star, incomplete)``; ``incomplete`` marks rows whose scan had not stopped
-    within the ``K`` values given (``j* = K < n_above``): their ``cost`` must be recomputed from
-    more values.
+    ``T_A = sum of the values left out + (tail - the extra token)``: no ``1 - P_A``.
     """
-    n, k = values.shape
+    vals = torch.cat([values, y_val.unsqueeze(1)], dim=1)
+    lg = torch.cat([logs, y_log.unsqueeze(1)], dim=1)
+    pool = torch.cat([pool_k, extra.unsqueeze(1)], dim=1)
+    outside = None
+    if divergence == "reverse":
+        left = torch.where(pool_k, torch.zeros_like(values), values).sum(1)
+        beyond = (tail - torch.where(extra, y_val, torch.zeros_like(y_val))).clamp(min=0)
+        outside = left + beyond
+    return pooled_cost(vals, lg, pool, outside, divergence)
+
+
+def _level_set_pool(values: Tensor, logs: Tensor, n_above: Tensor, y_pos: Tensor, y_val: Tensor, y_log: Tensor,
+                    divergence: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The pooled set of ``C(p, y)`` over sorted values ``[N, K]``.
+
+    ``y`` is at sorted position ``y_pos`` (``K``: beyond the values; then ``y_val``, ``y_log``
+    are its probability and log); ``n_above`` tokens have probability strictly above ``p_y``
+    (the pooling candidates, the top ``n_above``; may exceed ``K``). Pooling the top ``j``
+    gives the level ``L_j = (p_y + sum_{i<=j} p(i)) / (j+1)`` (forward) or its geometric
+    analogue (reverse); the pool is the top ``j* = argmax_j L_j`` (first maximum), at least one
+    when ``n_above >= 1`` (a token above ``p_y`` cannot stay above ``q_y`` unpooled), extended
+    over ties with its last member.
+
+    Returns ``(pool_k, extra, j_star, incomplete)``: the mask over the ``K`` positions, whether
+    ``y`` itself lies beyond them, the number of top tokens pooled, and the rows whose scan
+    had not stopped within the ``K`` values (``j* = K < n_above``): redo those from more values.
+    """
+    k = values.shape[1]
     j = torch.arange(k + 1, device=values.device)
-    score = _pool_levels(p_y, values, divergence)
+    score = _pool_levels(y_val, y_log, torch.ones_like(n_above), values, logs, divergence)
     allowed = j.unsqueeze(0) <= n_above.unsqueeze(1)
     score = torch.where(allowed, score, torch.full_like(score, -torch.inf))
     j_star = score.argmax(1)  # first maximum: where the scan stops
-    level = score.gather(1, j_star.unsqueeze(1)).squeeze(1)
-    incomplete = (j_star == k) & (n_above > k)
-    pool_vals = torch.cat([values, p_y.unsqueeze(1)], dim=1)
-    pool = torch.cat([j[:k].unsqueeze(0) < j_star.unsqueeze(1),
-                      torch.ones(n, 1, dtype=torch.bool, device=values.device)], dim=1)
-    cost = _pool_cost(pool_vals, pool, level, divergence)
-    if divergence == "reverse":
-        # y with p_y = 0 cannot be lifted to a maximum at finite KL(q || p).
-        cost = torch.where(p_y > 0, cost, torch.full_like(cost, torch.inf))
-    return cost, j_star, incomplete
+    j_star = torch.maximum(j_star, n_above.clamp(max=1))
+    last = values.gather(1, (j_star - 1).clamp(min=0).unsqueeze(1))
+    ties = torch.minimum((values >= last).sum(1), n_above)
+    j_star = torch.where(j_star > 0, torch.maximum(j_star, ties), j_star)
+    incomplete = (j_star >= k) & (n_above > k)
+    pool_k = (j[:k].unsqueeze(0) < j_star.unsqueeze(1)) | (j[:k].unsqueeze(0) == y_pos.unsqueeze(1))
+    return pool_k, y_pos >= k, j_star, incomplete
 
 
-def tree_cost(values: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor]:
-    """Exact greedy-tree certificate from sorted values ``[N, K >= m+1]``.
+def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The pooled set of the width-``m`` tree certificate over sorted values ``[N, K]``.
 
-    Pools ``g`` (position 0) with the ``j*`` lowest of the competitors ``p(2..m+1)``, at the
-    level minimising the (arithmetic or geometric) mean. Returns ``(cost, j_star)``.
+    ``t`` = the number of maximisers (values equal to ``p(1)``); competitors ``p(t+1..t+m)``
+    (positions ``t..t+m-1``), scanned from the lowest: pool all ``t`` maximisers with the
+    ``j* = argmin_{1 <= j <= m} L_j`` lowest competitors (first minimum), extended over ties.
+
+    Returns ``(pool_k, j_star, t, known)``; ``known`` is False on rows whose competitors do not
+    all lie within the ``K`` values given (``t + m > K``).
     """
-    n = values.shape[0]
-    g = values[:, 0]
-    ascending = values[:, 1 : m + 1].flip(1)  # competitors, lowest first
-    score = _pool_levels(g, ascending, divergence)
+    n, k = values.shape
+    t = (values == values[:, :1]).sum(1)
+    known = t + m <= k
+    # competitor positions, lowest first: t+m-1, t+m-2, ..., t
+    pos = (t.unsqueeze(1) + (m - 1) - torch.arange(m, device=values.device).unsqueeze(0)).clamp(max=k - 1)
+    asc_val, asc_log = values.gather(1, pos), logs.gather(1, pos)
+    score = _pool_levels(values[:, 0], logs[:, 0], t, asc_val, asc_log, divergence)
+    score[:, 0] = torch.inf  # at least one competitor must be pooled (all lie below p(1))
     j_star = score.argmin(1)  # first minimum: the scan from below stops here
-    level = score.gather(1, j_star.unsqueeze(1)).squeeze(1)
-    pooled_vals = torch.cat([g.unsqueeze(1), ascending], dim=1)
-    j = torch.arange(m, device=values.device)
-    pool = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=values.device),
-                      j.unsqueeze(0) < j_star.unsqueeze(1)], dim=1)
-    return _pool_cost(pooled_vals, pool, level, divergence), j_star
+    highest = asc_val.gather(1, (j_star - 1).unsqueeze(1))
+    j_star = torch.maximum(j_star, (asc_val <= highest).sum(1))
+    jj = torch.arange(k, device=values.device).unsqueeze(0)
+    lo = (t + m - j_star).unsqueeze(1)
+    pool_k = (jj < t.unsqueeze(1)) | ((jj >= lo) & (jj < (t + m).unsqueeze(1)))
+    return pool_k, j_star, t, known
+
+
+def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = None,
+              logs: Tensor | None = None, vocab: int | None = None) -> tuple[Tensor, Tensor]:
+    """Exact greedy-tree certificate from sorted probabilities ``[N, K]`` (decreasing rows).
+
+    With ``t`` tied maximisers, pools all of them with the ``j*`` lowest of the competitors
+    ``p(t+1..t+m)``, at the level minimising the (arithmetic or geometric) mean. ``tail``: the
+    mass beyond the ``K`` values (default ``max(0, 1 - sum(values))``, which loses the digits
+    of a reverse certificate above ~30 nats: pass the summary's tail); ``logs``: their logs
+    (default ``log(values)``); ``vocab``: ``V``, to give ``+inf`` where fewer than ``m`` tokens
+    are not maximisers. Rows whose ``t + m`` exceeds ``K`` (the values given do not reach the
+    ``m``-th competitor) get NaN. Returns ``(cost, j_star)``, ``j_star`` the competitors pooled.
+    """
+    check_divergence(divergence)
+    values = values.to(torch.float64)
+    if logs is None:
+        logs = torch.log(values)
+    if tail is None:
+        tail = torch.zeros_like(values[:, 0]) if vocab is not None and vocab <= values.shape[1] \
+            else (1 - values.sum(1)).clamp(min=0)
+    pool_k, j_star, t, known = _tree_pool(values, logs, m, divergence)
+    zeros = torch.zeros_like(tail)
+    cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
+    cost = torch.where(known, cost, torch.full_like(cost, torch.nan))
+    if vocab is not None:
+        cost = torch.where(t + m > vocab, torch.full_like(cost, torch.inf), cost)
+    return cost, j_star
 
 
 def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
@@ -172,22 +303,44 @@ def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor
     return accepted.sum(1)
 
 
-def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criterion, from_logits: bool) -> Tensor:
-    """``max { p_z : z rejected }`` per row (normalised, float64), ``-1`` where nothing is rejected.
+def _bound_for(x_dtype: torch.dtype, bound: Tensor, strict: bool) -> Tensor:
+    """``bound`` (float64) rounded to the rows' working precision so that the comparison stays exact.
 
-    One masked pass over the rows given; used only when every one of the top ``K`` is accepted.
+    Rejected means ``x < bound`` (``x <= bound`` when ``strict``). For float32, bfloat16 or float16
+    rows (every such value is a float32) returns a float32 ``c`` with ``x < c`` iff ``x < bound``
+    (``x <= c`` iff ``x <= bound``): the nearest float32, moved one step where it rounded the
+    wrong way. float64 rows keep ``bound``.
+    """
+    if x_dtype == torch.float64:
+        return bound
+    c = bound.to(torch.float32)
+    c64 = c.to(torch.float64)
+    if strict:
+        return torch.where(c64 > bound, torch.nextafter(c, torch.full_like(c, -torch.inf)), c)
+    return torch.where(c64 < bound, torch.nextafter(c, torch.full_like(c, torch.inf)), c)
+
+
+def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criterion, from_logits: bool) -> Tensor:
+    """``max { p_z : z rejected }`` per row and its log, ``[n, 2]`` float64 (normalised);
+    ``(-1, -inf)`` where nothing is rejected.
+
+    One masked pass over the rows given, in their own precision (the bound is rounded so that the
+    comparison is exact); used only when every one of the top ``K`` is accepted.
     """
     if from_logits:
         # p_z < tau  <=>  logit_z < log(tau) + logsumexp.
-        bound = (torch.log(tau.clamp(min=0)) + sums).unsqueeze(1)
-        work = flat.to(torch.float64) if flat.dtype != torch.float64 else flat
-        rejected = work <= bound if criterion.strict else work < bound
-        best = torch.where(rejected, work, torch.full_like(work, -torch.inf)).amax(1)
-        return torch.where(torch.isneginf(best), torch.full_like(best, -1.0), torch.exp(best - sums))
-    bound = (tau * sums).unsqueeze(1)
-    rejected = ~criterion.accept_from(flat, bound)
-    best = torch.where(rejected, flat, torch.full_like(flat, -1.0)).amax(1).to(torch.float64)
-    return torch.where(best < 0, best, best / sums)
+        bound = _bound_for(flat.dtype, (torch.log(tau.clamp(min=0)) + sums).unsqueeze(1), criterion.strict)
+        rejected = flat <= bound if criterion.strict else flat < bound
+        best = torch.where(rejected, flat, -torch.inf).amax(1).to(torch.float64)
+        log_best = best - sums
+        value = torch.where(torch.isneginf(best), torch.full_like(best, -1.0), torch.exp(log_best))
+        return torch.stack([value, log_best], dim=1)
+    # p_z / S < tau  <=>  p_z < tau S (probabilities are >= 0, so -1 marks "none")
+    bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), criterion.strict)
+    rejected = flat <= bound if criterion.strict else flat < bound
+    best = torch.where(rejected, flat, -1.0).amax(1).to(torch.float64)
+    value = torch.where(best < 0, best, best / sums)
+    return torch.stack([value, torch.where(best < 0, torch.full_like(best, -torch.inf), torch.log(value))], dim=1)
 
 
 def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
@@ -206,7 +359,7 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
     """
     v = s.values
     h_top = -torch.xlogy(v, v).sum(1)
-    tail = (1 - v.sum(1)).clamp(min=0)
+    tail = s.tail_mass()
     upper, lower = h_top, h_top
     if s.k < s.vocab:
         upper = h_top + torch.xlogy(tail, (s.vocab - s.k) / tail.clamp(min=1e-300))
@@ -227,12 +380,106 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
     return upper.index_copy(0, idx, exact)
 
 
+def _boundary(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: Criterion,
+              from_logits: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The most likely rejected token ``y*`` of each row of the summary ``s``.
+
+    ``rows``: the rows of ``flat`` that ``s`` summarises (None: all). Returns
+    ``(y_pos, y_val, y_log, n_above, empty, r)``: its sorted position (``K`` when it lies beyond
+    the summary: then found by one masked pass over those rows), probability, log-probability,
+    the number of tokens strictly above it (the vocabulary size when unknown), whether nothing
+    is rejected, and the number of accepted tokens within the summary.
+    """
+    k = s.k
+    r = _accepted_count(s.values, tau, c)
+    pos = r.clamp(max=k - 1).unsqueeze(1)
+    y_val = s.values.gather(1, pos).squeeze(1)
+    y_log = s.log_values().gather(1, pos).squeeze(1)
+    # Every probability is >= 0, so tau <= 0 accepts everything (typical is strict: tau > 0).
+    empty = (r >= s.vocab) | ((tau <= 0) & (not c.strict))
+    deep = (r >= k) & ~empty
+    y_pos = r.clamp(max=k)
+    n_above = r
+    if bool(deep.any()):
+        idx = torch.nonzero(deep).squeeze(1)
+        flat_idx = idx if rows is None else rows.index_select(0, idx)
+        best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), flat,
+                        _over_rows(s.norm, rows, flat), _over_rows(tau, rows, flat), idx=flat_idx)
+        y_val = y_val.index_copy(0, idx, best[:, 0].clamp(min=0))
+        y_log = y_log.index_copy(0, idx, best[:, 1])
+        empty = empty.index_copy(0, idx, best[:, 0] < 0)
+        # Unknown count beyond K: let the scan run over all K values.
+        n_above = n_above.index_copy(0, idx, torch.full_like(idx, s.vocab))
+    return y_pos, y_val, y_log, n_above, empty, r
+
+
+def _over_rows(x: Tensor, rows: Tensor | None, flat: Tensor) -> Tensor:
+    """A per-row vector of a summary of ``flat[rows]`` laid out over all rows of ``flat`` (for :func:`map_rows`)."""
+    if rows is None:
+        return x
+    return torch.zeros(flat.shape[0], dtype=x.dtype, device=x.device).index_copy(0, rows, x)
+
+
+def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: Criterion, divs: list[str],
+                     from_logits: bool) -> dict[str, Tensor]:
+    """``rho*`` of criterion ``c`` on the rows that ``s`` summarises, per divergence; rows whose
+    pool reaches beyond the summary are redone from a wider one (the last a full sort)."""
+    y_pos, y_val, y_log, n_above, empty, _ = _boundary(s, flat, rows, tau, c, from_logits)
+    values, logs, tail = s.values, s.log_values(), s.tail_mass()
+    out = {}
+    for div in divs:
+        pool_k, extra, _, incomplete = _level_set_pool(values, logs, n_above, y_pos, y_val, y_log, div)
+        cost = _cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div)
+        if div == "reverse":
+            # y* with p = 0 cannot carry the maximum of any q with KL(q || p) < inf: +inf is exact.
+            cost = torch.where(torch.isneginf(y_log), torch.full_like(cost, torch.inf), cost)
+        incomplete &= ~empty
+        if bool(incomplete.any()):
+            idx = torch.nonzero(incomplete).squeeze(1)
+            sub_rows = idx if rows is None else rows.index_select(0, idx)
+            wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits)
+            redone = _level_set_costs(wider, flat, sub_rows, tau.index_select(0, idx), c, [div], from_logits)[div]
+            cost = cost.index_copy(0, idx, redone)
+        out[div] = torch.where(empty, torch.full_like(cost, torch.inf), cost)
+    return out
+
+
+def _wider_summary(flat: Tensor, rows: Tensor, norm: Tensor, k: int, from_logits: bool, need: int = 0) -> TopSummary:
+    """A summary of ``flat[rows]`` with eight times ``k`` values (at least ``need``; at most ``V``),
+    normalised by the same ``norm`` as the summary it widens."""
+    vocab = flat.shape[1]
+    k_new = min(vocab, max(8 * k, need))
+    return summarize(flat.index_select(0, rows), from_logits=from_logits, k=k_new, norm=norm)
+
+
+def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: list[str],
+                from_logits: bool) -> dict[str, Tensor]:
+    """Width-``m`` tree certificates on the rows that ``s`` summarises, per divergence; rows whose
+    ``t`` maximisers and ``m`` competitors do not fit in the summary are redone from a wider one."""
+    values, logs, tail = s.values, s.log_values(), s.tail_mass()
+    zeros = torch.zeros_like(tail)
+    out = {}
+    for div in divs:
+        pool_k, _, t, known = _tree_pool(values, logs, m, div)
+        cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
+        infeasible = t + m > s.vocab
+        redo = ~known & ~infeasible
+        if bool(redo.any()):
+            idx = torch.nonzero(redo).squeeze(1)
+            sub_rows = idx if rows is None else rows.index_select(0, idx)
+            need = int((t.index_select(0, idx) + m).max())
+            wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits, need)
+            cost = cost.index_copy(0, idx, _tree_costs(wider, flat, sub_rows, m, [div], from_logits)[div])
+        out[div] = torch.where(infeasible, torch.full_like(cost, torch.inf), cost)
+    return out
+
+
 def certificates(
     p: Tensor,
     criteria: Sequence[Criterion | str] | Criterion | str = (),
-    divergences: Iterable[str] = ("forward", "reverse"),
+    divergences: Iterable[str] | str = ("forward", "reverse"),
     *,
-    tree_widths: Iterable[int] = (),
+    tree_widths: Iterable[int] | int = (),
     from_logits: bool = False,
     top: int = DEFAULT_TOP,
     summary: TopSummary | None = None,
@@ -240,16 +487,19 @@ def certificates(
     """Certificates of several criteria (and tree widths) from one pass over ``p``.
 
     Returns ``{(str(criterion), divergence): rho*}`` and ``{("tree:m", divergence): rho*_tree}``,
-    each float64 of shape ``p.shape[:-1]`` (``+inf`` where nothing is rejected). ``top`` is the
-    size of the shared ``topk`` summary; rows whose rejection boundary lies deeper get one
-    masked pass, and rows whose pooled set is deeper still are redone from a full sort.
-    ``summary``: a :func:`~companion.summary.summarize` of this same ``p`` (same ``from_logits``)
-    that the caller already has, with at least ``top`` values; it saves the ``topk`` pass.
+    each float64 of shape ``p.shape[:-1]`` (``+inf`` where nothing is rejected, or, reverse, where
+    the most likely rejected token has probability 0: see the module docstring). ``divergences``
+    and ``tree_widths`` take one value or several (``"forward"`` means ``["forward"]``).
+    ``top`` is the size of the shared ``topk`` summary; rows whose rejection boundary lies
+    deeper get one masked pass, and rows whose pooled set is deeper still are redone from a
+    wider summary. ``summary``: a :func:`~companion.summary.summarize` of this same ``p`` (same
+    ``from_logits``) that the caller already has, with at least ``top`` values; it saves the
+    ``topk`` pass.
     """
+    vocab = _check_p(p, from_logits)
     crits = parse_criteria(criteria) if criteria else []
-    divs = [check_divergence(d) for d in divergences]
-    vocab = p.shape[-1] if isinstance(p, Tensor) and p.dim() >= 1 else 0
-    widths = [check_tree_width(m, vocab) for m in tree_widths]
+    divs = _divergence_list(divergences)
+    widths = _width_list(tree_widths, vocab)
     for c in crits:
         c.check_vocab(vocab)
     k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
@@ -268,66 +518,12 @@ def certificates(
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s)
-        r = _accepted_count(s.values, tau, c)
-        pos = r.clamp(max=s.k - 1)
-        p_y = s.values.gather(1, pos.unsqueeze(1)).squeeze(1)
-        # Every probability is >= 0, so tau <= 0 accepts everything (typical is strict: tau > 0).
-        empty = (r >= s.vocab) | ((tau <= 0) & (not c.strict))
-        deep = (r >= s.k) & ~empty
-        n_above = r
-        if bool(deep.any()):
-            idx = torch.nonzero(deep).squeeze(1)
-            best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), flat, s.norm, tau, idx=idx)
-            p_y = p_y.index_copy(0, idx, best.clamp(min=0))
-            empty = empty.index_copy(0, idx, best < 0)
-            # Unknown count beyond K: let the scan run over all K values.
-            n_above = n_above.index_copy(0, idx, torch.full_like(idx, s.vocab))
-        for div in divs:
-            cost, _, incomplete = level_set_cost(s.values, p_y, n_above, div)
-            incomplete &= ~empty
-            if bool(incomplete.any()):
-                cost = _redo_from_sort(flat, s.norm, from_logits, incomplete, tau, c, div, cost)
-            cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
+        for div, cost in _level_set_costs(s, flat, None, tau, c, divs, from_logits).items():
             out[(str(c), div)] = cost.reshape(s.lead_shape)
     for m in widths:
-        for div in divs:
-            cost, _ = tree_cost(s.values, m, div)
+        for div, cost in _tree_costs(s, flat, None, m, divs, from_logits).items():
             out[(f"tree:{m}", div)] = cost.reshape(s.lead_shape)
     return out
-
-
-def _redo_from_sort(
-    flat: Tensor, norm: Tensor, from_logits: bool, rows: Tensor, tau: Tensor, c: Criterion, div: str, cost: Tensor
-) -> Tensor:
-    """Exact costs for rows whose pooled set reaches beyond the top-K summary.
-
-    Widens the summary eightfold per round (``topk`` on those rows only) until every scan has
-    stopped; the last round is a full sort, so this always terminates exactly.
-    """
-    idx = torch.nonzero(rows).squeeze(1)
-    vocab = flat.shape[1]
-    k = DEFAULT_TOP
-    while idx.numel():
-        k = min(vocab, 8 * k)
-        sub_norm = norm.index_select(0, idx)
-        sub = summarize(flat.index_select(0, idx), from_logits=from_logits, k=k, norm=sub_norm)
-        sub_tau = tau.index_select(0, idx)
-        r = _accepted_count(sub.values, sub_tau, c)
-        p_y = sub.values.gather(1, r.clamp(max=k - 1).unsqueeze(1)).squeeze(1)
-        n_above = r
-        deep = r >= k
-        if bool(deep.any()):
-            # y* lies beyond the wider summary too: find it by one masked pass.
-            didx = torch.nonzero(deep).squeeze(1)
-            best = map_rows(lambda x, nrm, t: _deepest_rejected(x, nrm, t, c, from_logits),
-                            flat, norm, tau, idx=idx.index_select(0, didx))
-            p_y = p_y.index_copy(0, didx, best.clamp(min=0))
-            n_above = n_above.index_copy(0, didx, torch.full_like(didx, vocab))
-        redone, _, still = level_set_cost(sub.values, p_y, n_above, div)
-        done = ~still
-        cost = cost.index_copy(0, idx[done], redone[done])
-        idx = idx[still]
-    return cost
 
 
 def certificate(
@@ -338,11 +534,14 @@ def certificate(
     from_logits: bool = False,
     top: int = DEFAULT_TOP,
 ) -> Tensor:
-    """``rho*(p)`` for one criterion: float64, shape ``p.shape[:-1]``, ``+inf`` if ``R(p)`` is empty.
+    """``rho*(p)`` for one criterion: float64, shape ``p.shape[:-1]``.
 
+    ``+inf`` where ``R(p)`` is empty, and in the reverse direction where the most likely
+    rejected token has probability exactly 0 (then no finite ``KL(q || p)`` reaches it).
     ``p``: probabilities ``[..., V]`` (or logits with ``from_logits=True``), any float dtype,
     any device. ``divergence``: ``"forward"`` for ``KL(p || q)``, ``"reverse"`` for ``KL(q || p)``.
     """
+    _check_p(p, from_logits)
     c = parse_criterion(criterion)
     check_divergence(divergence)
     return certificates(p, [c], [divergence], from_logits=from_logits, top=top)[(str(c), divergence)]
@@ -351,29 +550,52 @@ def certificate(
 def tree_certificate(
     p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False
 ) -> Tensor:
-    """Exact certificate that the target's greedy token is in the drafter's top ``m``.
+    """Exact certificate that the drafter's top ``m`` contains a maximiser of ``p``.
 
-    ``rho*_tree = inf { D(p, q) : m tokens other than g have q_z >= q_g }``; ``m = 1`` is strict
-    greedy. Tends to ``log(m + 1)`` (forward) as ``p(1) -> 1``. Raises for ``m >= V``.
+    ``rho*_tree = inf { D(p, q) : m non-maximisers z of p have q_z >= q_g for every maximiser g }``
+    (worst-case tie-breaking in the drafter; every maximiser of ``p`` counts as the greedy token,
+    the level-set convention). ``m = 1`` equals the strict-greedy certificate on every row, exact
+    ties included. ``+inf`` where fewer than ``m`` tokens are not maximisers. Tends to
+    ``log(m + 1)`` (forward) as ``p(1) -> 1``. Raises for ``m >= V``.
     """
+    vocab = _check_p(p, from_logits)
     check_divergence(divergence)
+    check_tree_width(m, vocab)
     return certificates(p, (), [divergence], tree_widths=[m], from_logits=from_logits)[(f"tree:{m}", divergence)]
+
+
+def exact_top_tie(p: Tensor, *, from_logits: bool = False) -> Tensor:
+    """Whether ``p(1) == p(2)`` exactly (after float64 normalisation), bool of shape ``p.shape[:-1]``.
+
+    Such rows have several maximisers, all accepted by strict greedy; bfloat16 logits produce
+    them often. ``False`` when ``V = 1``.
+    """
+    vocab = _check_p(p, from_logits)
+    s = summarize(p, from_logits=from_logits, k=2)
+    if vocab < 2:
+        return torch.zeros(s.lead_shape, dtype=torch.bool, device=p.device)
+    return (s.values[:, 0] == s.values[:, 1]).reshape(s.lead_shape)
 
 
 def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
     """``C(p, y) = min { D(p, q) : q_y >= q_z for all z }`` for a token ``y`` (id or ids ``[...]``).
 
     Computed from a full sort (every token can be asked for), so prefer :func:`certificate`
-    on large batches.
+    on large batches. Reverse: ``+inf`` when ``p_y = 0``.
     """
+    _check_p(p, from_logits)
     check_divergence(divergence)
     full = sorted_rows(p, from_logits=from_logits)
     tok = check_token(token, full.lead_shape, full.vocab, p.device).reshape(-1)
     # p_y is read from the sorted row: position of the token in the sort.
     where = (full.indices == tok.unsqueeze(1)).to(torch.long).argmax(1)
     p_y = full.values.gather(1, where.unsqueeze(1)).squeeze(1)
+    log_y = full.logs.gather(1, where.unsqueeze(1)).squeeze(1)
     n_above = (full.values > p_y.unsqueeze(1)).sum(1)
-    cost, _, _ = level_set_cost(full.values, p_y, n_above, divergence)
+    pool_k, extra, _, _ = _level_set_pool(full.values, full.logs, n_above, where, p_y, log_y, divergence)
+    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
+    if divergence == "reverse":
+        cost = torch.where(torch.isneginf(log_y), torch.full_like(cost, torch.inf), cost)
     return cost.reshape(full.lead_shape)
 
 
@@ -381,67 +603,67 @@ def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", 
 # Witnesses: the minimisers themselves.
 
 
-def _scatter_witness(
-    p64: Tensor, full: TopSummary, pool_sorted: Tensor, level: Tensor, divergence: str
-) -> Tensor:
-    """Build ``q*`` from the pooled set (a mask over sorted positions) and its level."""
-    flat = p64.reshape(-1, full.vocab)
-    pool = torch.zeros_like(flat, dtype=torch.bool).scatter(1, full.indices, pool_sorted)
+def _witness_from_pool(full: TopSummary, pool: Tensor, cost: Tensor, divergence: str) -> Tensor:
+    """``q*`` from the pooled set (a mask over sorted positions) and its cost, in token order.
+
+    Forward: ``q = mean_A p`` on the pool, ``p`` elsewhere. Reverse: with ``C = -log(T_A + |A| G_A)``,
+    ``q = e^C G_A`` on the pool and ``e^C p`` elsewhere (``t = e^C``), computed as
+    ``exp(log G_A + C)`` and ``exp(log p + C)`` so that nothing overflows on peaked rows.
+    Rows with an infinite cost get NaN.
+    """
+    values, logs = full.values, full.logs
+    zero = torch.zeros_like(values)
+    size = pool.sum(1).to(values.dtype)
     if divergence == "forward":
-        q = torch.where(pool, level.unsqueeze(1).expand_as(flat), flat)
+        level = torch.where(pool, values, zero).sum(1) / size
+        q_sorted = torch.where(pool, level.unsqueeze(1).expand_as(values), values)
     else:
-        pooled_sum = torch.where(pool, flat, torch.zeros_like(flat)).sum(1)
-        size = pool.sum(1)
-        g = torch.exp(level)
-        t = 1.0 / (1.0 - (pooled_sum - size * g))
-        q = torch.where(pool, (t * g).unsqueeze(1).expand_as(flat), t.unsqueeze(1) * flat)
-    return q.reshape(p64.shape)
+        mean_log = torch.where(pool, logs, zero).sum(1) / size
+        safe = torch.where(torch.isfinite(cost), cost, torch.zeros_like(cost)).unsqueeze(1)
+        q_sorted = torch.where(pool, torch.exp(mean_log.unsqueeze(1) + safe).expand_as(values), torch.exp(logs + safe))
+    q_sorted = torch.where(torch.isfinite(cost).unsqueeze(1), q_sorted, torch.full_like(q_sorted, torch.nan))
+    q = torch.empty_like(q_sorted).scatter_(1, full.indices, q_sorted)
+    return q.reshape(full.lead_shape + (full.vocab,))
 
 
 def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
-    """The minimiser ``q*`` with ``D(p, q*) = rho*(p)``: float64 ``[..., V]``.
+    """The minimiser ``q*`` with ``D(p, q*) = rho*(p)``: float64 ``[..., V]``, normalised.
 
     ``q*`` ties the most likely rejected token ``y*`` with the top of ``q*``, so under
-    worst-case tie-breaking its greedy token is rejected. Rows with an empty rejection region
-    (``rho* = +inf``) get NaN.
+    worst-case tie-breaking its greedy token is rejected. Rows whose certificate is ``+inf``
+    get NaN: an empty rejection region, or (reverse) a boundary token with ``p_{y*} = 0``.
     """
+    vocab = _check_p(p, from_logits)
     c = parse_criterion(criterion)
     check_divergence(divergence)
-    c.check_vocab(p.shape[-1])
+    c.check_vocab(vocab)
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
     tau = c.threshold_from_summary(full)
     r = _accepted_count(full.values, tau, c)
     pos = r.clamp(max=full.vocab - 1)
     p_y = full.values.gather(1, pos.unsqueeze(1)).squeeze(1)
-    _, j_star, _ = level_set_cost(full.values, p_y, r, divergence)
-    j = torch.arange(full.vocab, device=p.device)
-    pool = (j.unsqueeze(0) < j_star.unsqueeze(1)) | (j.unsqueeze(0) == pos.unsqueeze(1))
-    vals = torch.where(pool, full.values, torch.zeros_like(full.values))
-    size = pool.sum(1)
-    if divergence == "forward":
-        level = vals.sum(1) / size
-    else:
-        level = torch.where(pool, torch.log(full.values), torch.zeros_like(full.values)).sum(1) / size
-    q = _scatter_witness(normalized_probabilities(p, from_logits=from_logits), full, pool, level, divergence)
-    empty = (r >= full.vocab).reshape(full.lead_shape)
-    return torch.where(empty.unsqueeze(-1), torch.full_like(q, torch.nan), q)
+    log_y = full.logs.gather(1, pos.unsqueeze(1)).squeeze(1)
+    pool_k, extra, _, _ = _level_set_pool(full.values, full.logs, r, pos, p_y, log_y, divergence)
+    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
+    empty = (r >= full.vocab) | ((tau <= 0) & (not c.strict))
+    if divergence == "reverse":
+        empty |= torch.isneginf(log_y)
+    cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
+    return _witness_from_pool(full, pool_k, cost, divergence)
 
 
 def tree_witness(p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
-    """The minimiser of the tree certificate: ``m`` competitors tie or beat ``g`` under ``q*``."""
+    """The minimiser of the tree certificate: ``m`` non-maximisers of ``p`` tie or beat every
+    maximiser under ``q*``, which attains the certificate. NaN rows where it is ``+inf``."""
+    vocab = _check_p(p, from_logits)
     check_divergence(divergence)
-    check_tree_width(m, p.shape[-1])
+    check_tree_width(m, vocab)
     full = sorted_rows(p, from_logits=from_logits)
-    _, j_star = tree_cost(full.values, m, divergence)
-    j = torch.arange(full.vocab, device=p.device)
-    # Sorted positions pooled: 0 (g) and the j* lowest of positions 1..m, i.e. m-j*+1..m.
-    pool = (j.unsqueeze(0) == 0) | ((j.unsqueeze(0) <= m) & (j.unsqueeze(0) > (m - j_star).unsqueeze(1)))
-    size = pool.sum(1)
-    if divergence == "forward":
-        level = torch.where(pool, full.values, torch.zeros_like(full.values)).sum(1) / size
-    else:
-        level = torch.where(pool, torch.log(full.values), torch.zeros_like(full.values)).sum(1) / size
-    return _scatter_witness(normalized_probabilities(p, from_logits=from_logits), full, pool, level, divergence)
+    pool_k, _, t, known = _tree_pool(full.values, full.logs, m, divergence)
+    zeros = torch.zeros_like(full.tail)
+    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
+    cost = torch.where(known, cost, torch.full_like(cost, torch.inf))
+    return _witness_from_pool(full, pool_k, cost, divergence)
 
 
 def kl_divergence(p: Tensor, q: Tensor, direction: str = "forward", *, from_logits: bool = False) -> Tensor:

@@ -15,7 +15,10 @@ spec                  class                           ``tau(p)``
 ``typical:E,D``       :class:`Typical`                ``min(E, D * exp(-H(p)))`` (strict)
 ====================  ==============================  ==========================================
 
-``p(i)`` is the i-th largest probability; ``H`` is the entropy in nats. The spec string is the
+``p(i)`` is the i-th largest probability; ``H`` is the entropy in nats. Ties follow from the
+rule itself (the level-set convention, used by every part of the library): strict greedy
+accepts every maximiser of ``p``, top-m every token tied with ``p(m)``, and a greedy tree
+succeeds when the drafter's top ``m`` holds any maximiser. The spec string is the
 one form used everywhere (CLI, papermill parameters, file names, trace columns):
 ``parse_criterion(str(c)) == c`` for every criterion ``c``, and ``str(parse_criterion(s)) == s``
 for every canonical spec ``s`` (numbers written as Python's shortest round-trip ``repr``).

@@ -124,11 +124,13 @@ def brute_force_certificate(p: np.ndarray, criterion: Criterion | str, divergenc
 
 def brute_force_tree_certificate(p: np.ndarray, m: int, divergence: str = "forward",
                                  restarts: int = 3, seed: int = 0) -> float:
-    """Min over every set ``M`` of ``m`` tokens other than ``g = argmax p`` of
-    ``min { D(p, q) : q_z >= q_g for z in M }`` (enumerates all subsets)."""
+    """Min over every set ``S`` of ``m`` non-maximisers of ``p`` of
+    ``min { D(p, q) : q_z >= q_g for z in S and every maximiser g of p }`` (enumerates all
+    subsets): the drafter's top ``m``, ties broken against us, then holds no maximiser of ``p``.
+    ``inf`` when fewer than ``m`` tokens are not maximisers."""
     p = np.asarray(p, dtype=np.float64)
-    g = int(np.argmax(p))
+    maximisers = np.nonzero(p == p.max())[0]
     rng = np.random.default_rng(seed)
-    others = [z for z in range(len(p)) if z != g]
-    return min(_solve(p, divergence, [(z, g) for z in subset], restarts, rng)
-               for subset in itertools.combinations(others, m))
+    others = [z for z in range(len(p)) if p[z] != p.max()]
+    return min((_solve(p, divergence, [(z, int(g)) for z in subset for g in maximisers], restarts, rng)
+                for subset in itertools.combinations(others, m)), default=math.inf)

@@ -12,6 +12,8 @@ The normaliser matters more than it seems: the reverse certificate of a peaked r
 row carries an absolute error ~1e-7 and would spoil it, a float64 sum costs more than a
 softmax. So the tail is summed on its own scale: ``sum_i min(p_i, p(K)) - K p(K)`` keeps the
 float32 partial sums as small as the tail itself, and the top ``K`` are added in float64.
+The same tail sum, normalised, is kept in the summary (:attr:`TopSummary.tail`): the mass
+outside a pool of top tokens is the values left out plus this tail, never ``1 - sum(values)``.
 """
 from __future__ import annotations
 
@@ -37,6 +39,13 @@ class TopSummary:
     ``V``; ``norm`` is the float64 row sum (probabilities) or log-sum-exp (logits) the values
     were normalised by; ``entropy`` (nats, float64) is present when requested. ``lead_shape``
     restores the caller's leading dimensions.
+
+    ``tail`` (float64 ``[N]``): the normalised mass of the ``V - K`` tokens beyond ``values``,
+    summed on its own scale (0 when ``K = V``). ``logs`` (float64 ``[N, K]``): ``log(values)``,
+    taken from the logits as ``l - lse`` when the summary was made from logits, so that it stays
+    finite where ``values`` underflows to 0. :func:`summarize` always fills both; a summary built
+    by hand may leave them ``None``, and then :meth:`tail_mass` and :meth:`log_values` fall back to
+    ``max(0, 1 - sum(values))`` (which loses the digits of a tail far below 1e-16) and ``log(values)``.
     """
 
     values: Tensor
@@ -45,10 +54,24 @@ class TopSummary:
     lead_shape: torch.Size
     norm: Tensor
     entropy: Tensor | None = None
+    tail: Tensor | None = None
+    logs: Tensor | None = None
 
     @property
     def k(self) -> int:
         return self.values.shape[-1]
+
+    def tail_mass(self) -> Tensor:
+        """``tail``, or ``max(0, 1 - sum(values))`` for a summary built without one."""
+        if self.tail is not None:
+            return self.tail
+        if self.k >= self.vocab:
+            return torch.zeros_like(self.values[:, 0])
+        return (1 - self.values.sum(1)).clamp(min=0)
+
+    def log_values(self) -> Tensor:
+        """``logs``, or ``log(values)`` for a summary built without them."""
+        return self.logs if self.logs is not None else torch.log(self.values)
 
 
 def row_tiles(n_rows: int, vocab: int, itemsize: int, device: torch.device) -> Iterator[slice]:
@@ -63,7 +86,7 @@ def row_tiles(n_rows: int, vocab: int, itemsize: int, device: torch.device) -> I
 
 
 def map_rows(fn: Callable[..., Tensor], flat: Tensor, *row_args: Tensor, idx: Tensor | None = None) -> Tensor:
-    """``fn(flat[idx], *(a[idx] for a in row_args))`` for a per-row ``fn`` (rows ``[n, V]`` to ``[n]``),
+    """``fn(flat[idx], *(a[idx] for a in row_args))`` for a per-row ``fn`` (rows ``[n, V]`` to ``[n, ...]``),
     evaluated tile by tile (see :func:`row_tiles`) so that no full-size temporary is made.
     ``idx`` selects rows (all when ``None``); ``row_args`` are per-row tensors of the full batch."""
     if idx is not None and idx.numel() == flat.shape[0]:
@@ -93,13 +116,6 @@ def _tail_sum(x: Tensor, kth: Tensor, k: int) -> Tensor:
     return clamped.sum(-1, dtype=acc).to(torch.float64) - k * kth.to(torch.float64)
 
 
-def _logit_tail_sum(rows: Tensor, m: Tensor, kth: Tensor, k: int) -> Tensor:
-    """``sum_i exp(l_i - m)`` over all but the top ``k`` logits, by :func:`_tail_sum` on ``exp(l - m)``."""
-    work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
-    shifted = torch.exp(work - m.unsqueeze(1).to(work.dtype))
-    return _tail_sum(shifted, kth.to(work.dtype), k)
-
-
 def summarize(
     p: Tensor,
     *,
@@ -114,10 +130,13 @@ def summarize(
     Probabilities: ``values = topk(p) / S`` with ``S = sum(topk(p)) + tail`` in float64.
     Logits ``l``: ``values = exp(topk(l) - lse)`` with ``lse = l(1) + log(sum_i exp(l_i - l(1)))``,
     the sum split the same way into the top ``K`` (float64) and the tail; near-ties keep the
-    precision of the logits rather than that of a float32 softmax.
+    precision of the logits rather than that of a float32 softmax. ``logs = topk(l) - lse``.
+    ``tail``: the mass beyond the top ``k``, ``sum_i min(x_i, x(k)) - k x(k)`` over the row
+    (``x = p``, or ``exp(l - l(1))``), divided by the normaliser; for ``k`` below the normaliser's
+    split ``K_norm`` it is that split's tail plus the values in between (a sum of positive terms).
     Entropy: ``H = -sum_i p_i log p_i`` accumulated in float64.
     ``norm`` reuses a normaliser computed earlier for the same rows (so that summaries of
-    different ``K`` agree bit for bit).
+    different ``K`` agree bit for bit); the tail is then summed in a pass of its own.
     """
     check_distribution_tensor(p, "logits" if from_logits and what == "p" else what)
     vocab = p.shape[-1]
@@ -127,30 +146,84 @@ def summarize(
     # function of the library normalises a row to the same float64 numbers.
     k_norm = min(DEFAULT_TOP, vocab)
     top, idx = torch.topk(flat, max(k, k_norm), dim=-1, largest=True, sorted=True)
+    # Tail sums needed in the pass over the rows: at K_norm for a new normaliser, and at
+    # max(k, K_norm) for the summary's tail (below K_norm the tail is that split's plus the values
+    # in between: splitting at a small k would cancel k x(k) against a much smaller tail).
+    splits: list[int] = []
+    if norm is None and k_norm < vocab:
+        splits.append(k_norm)
+    if max(k, k_norm) < vocab and max(k, k_norm) not in splits:
+        splits.append(max(k, k_norm))
     if from_logits:
         name = "logits" if what == "p" else what
+        m = top[:, 0].to(torch.float64)
+        # NaN sorts first in topk; keep it so the check reports it, and avoid inf - inf.
+        safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        scaled = torch.exp(top.to(torch.float64) - safe_m.unsqueeze(1))  # exp(l - l(1)), top max(k, K_norm)
+        kths = [scaled[:, s - 1] for s in splits]
+        sums = _row_tail_sums(flat, splits, kths, safe_m if splits else None)
         if norm is None:
-            m = top[:, 0].to(torch.float64)
-            # NaN sorts first in topk; keep it so the check reports it, and avoid inf - inf.
-            safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            head = torch.exp(top[:, :k_norm].to(torch.float64) - safe_m.unsqueeze(1)).sum(1)
+            head = scaled[:, :k_norm].contiguous().sum(1)
             if k_norm < vocab:
-                kth = torch.exp(top[:, k_norm - 1].to(torch.float64) - safe_m)
-                head = head + map_rows(lambda rows, m_, kth_: _logit_tail_sum(rows, m_, kth_, k_norm), flat, safe_m, kth)
+                head = head + sums[k_norm]
             norm = torch.where(torch.isfinite(m), safe_m + torch.log(head), m)
             check_logit_rows(p, norm, what=name)
-    elif norm is None:
-        norm = top[:, :k_norm].to(torch.float64).sum(1)
+        scale = torch.exp(safe_m - norm)  # exp(l(1) - lse): turns exp(l - l(1)) into probabilities
+    else:
+        top64 = top.to(torch.float64)
+        kths = [top64[:, s - 1] for s in splits]
+        sums = _row_tail_sums(flat, splits, kths, None)
+        if norm is None:
+            norm = top64[:, :k_norm].contiguous().sum(1)
+            if k_norm < vocab:
+                norm = norm + sums[k_norm]
+            check_probability_rows(p, norm, what=what)
+        scaled = top64
+        scale = 1.0 / norm
+    if k >= vocab:
+        tail_raw = torch.zeros_like(norm)
+    elif k in sums:
+        tail_raw = sums[k]
+    else:  # k < K_norm, the K_norm tail at hand (0 when K_norm = V): add the values in between
+        tail_raw = scaled[:, k:k_norm].sum(1)
         if k_norm < vocab:
-            norm = norm + map_rows(lambda rows, kth: _tail_sum(rows, kth, k_norm), flat, top[:, k_norm - 1])
-        check_probability_rows(p, norm, what=what)
+            tail_raw = sums[k_norm] + tail_raw
+    tail = (tail_raw * scale).clamp(min=0)
     top, idx = top[:, :k], idx[:, :k]
     if from_logits:
-        values = torch.exp(top.to(torch.float64) - norm.unsqueeze(1))
+        logs = top.to(torch.float64) - norm.unsqueeze(1)
+        values = torch.exp(logs)
     else:
         values = top.to(torch.float64) / norm.unsqueeze(1)
+        logs = torch.log(values)
     entropy = map_rows(lambda rows, nrm: entropy_of_rows(rows, nrm, from_logits), flat, norm) if with_entropy else None
-    return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy)
+    return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
+                      tail=tail, logs=logs)
+
+
+def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: Tensor | None) -> dict[int, Tensor]:
+    """``{s: sum of x over all but the s largest}`` for each split ``s``, in one pass over the rows.
+
+    ``x = flat`` (probabilities, ``shift`` None) or ``x = exp(flat - shift)`` (logits);
+    ``kths[i]`` is ``x(s_i)`` in float64. See :func:`_tail_sum`.
+    """
+    if not splits:
+        return {}
+
+    def tile(rows: Tensor, *args: Tensor) -> Tensor:
+        if shift is None:
+            x = rows
+            ks = args
+        else:
+            work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
+            x = torch.exp(work - args[0].unsqueeze(1).to(work.dtype))
+            ks = args[1:]
+        return torch.stack([_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)], dim=1)
+
+    row_args = ([shift] if shift is not None else []) + kths
+    out = map_rows(tile, flat, *row_args)
+    # _tail_sum subtracts s * x(s) in float64 from the float64 kth given (exactly as before)
+    return {s: out[:, i] for i, s in enumerate(splits)}
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
@@ -161,8 +234,11 @@ def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
         # p log p := 0 where p == 0 (masked tokens have logp = -inf).
         plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
         return -plogp.sum(-1).to(torch.float64)
-    # float32 pairwise accumulation: relative error ~1e-7, a float64 sum costs a softmax more.
-    ent = torch.special.entr(work).sum(-1).to(torch.float64)
+    # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
+    # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
+    # ~1e-7, a float64 sum costs a softmax more.
+    tiny = torch.finfo(work.dtype).tiny
+    ent = -work.clamp(min=tiny).log_().mul_(work).sum(-1).to(torch.float64)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
     return ent / norm + torch.log(norm)
 

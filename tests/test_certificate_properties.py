@@ -32,6 +32,7 @@ from companion.bounds import (
     tree_delta_bound,
     two_point_bound,
 )
+from companion.certificates import exact_top_tie
 from companion.targets import random_targets
 
 SPECS = ["greedy", "additive:0.1", "additive:0.3", "multiplicative:0.5", "multiplicative:0.1", "topm:2",
@@ -81,15 +82,19 @@ def test_witness_attains_certificate_and_is_rejected(spec: str, div: str) -> Non
 @pytest.mark.parametrize("div", DIVS)
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_tree_witness_attains_and_fails(m: int, div: str) -> None:
+    ties = 0
     for p in random_targets(40, seed=5, v_min=6, v_max=9, floor=1e-6):
         pt = _t(p)
         rho = float(tree_certificate(pt, m, div))
         q = tree_witness(pt, m, div)
         assert math.isclose(float(kl_divergence(pt, q, div)), rho, rel_tol=1e-9, abs_tol=1e-15)
-        # some greedy token g of p (any maximiser, if p ties at the top) has at least m other
-        # tokens tying with or beating it under q*
-        fails = [int((q >= q[g] * (1 - 1e-12)).sum()) - 1 >= m for g in torch.nonzero(pt == pt.max()).flatten()]
-        assert any(fails)
+        # m non-maximisers of p tie with or beat every maximiser of p under q*: the drafter's
+        # top m (ties broken against us) holds no maximiser of p
+        maxim = pt == pt.max()
+        ties += int(maxim.sum()) > 1
+        best = q[maxim].max()
+        assert int(((q >= best * (1 - 1e-12)) & ~maxim).sum()) >= m
+    assert ties >= 5
 
 
 # -- soundness ---------------------------------------------------------------------------------
@@ -169,12 +174,38 @@ def test_strict_greedy_closed_forms() -> None:
         assert math.isclose(float(tree_certificate(_t(p), 1, "forward")), fwd, rel_tol=1e-9, abs_tol=1e-15)
 
 
-def test_exact_top_tie_certifies_nothing_beyond_the_tie() -> None:
+def test_exact_top_tie_one_convention() -> None:
+    """Level-set convention: both maximisers are accepted, and a tree succeeds when the
+    drafter's top m holds either of them."""
     p = _t(np.array([0.4, 0.4, 0.2]))
     # both maximisers accepted: the boundary token is the 0.2 one
     assert math.isclose(float(certificate(p, "greedy")), float(per_token_cost(p, 2)), rel_tol=1e-12)
-    # tree of width 1 with a tie: the tied competitor already beats g
-    assert float(tree_certificate(p, 1)) == 0.0
+    assert exact_top_tie(p) and not exact_top_tie(_t(np.array([0.5, 0.3, 0.2])))
+    for div in DIVS:
+        # width 1: the 0.2 token must beat both maximisers, exactly strict greedy's failure
+        assert float(tree_certificate(p, 1, div)) == float(certificate(p, "greedy", div)) > 0
+        # width 2: only one non-maximiser exists, so the top 2 always holds a maximiser
+        assert math.isinf(float(tree_certificate(p, 2, div)))
+        assert torch.isnan(tree_witness(p, 2, div)).all()
+    # forward closed form: pool {0.4, 0.4, 0.2} at 1/3
+    want = 0.8 * math.log(0.4 * 3) + 0.2 * math.log(0.2 * 3)
+    assert math.isclose(float(tree_certificate(p, 1)), want, rel_tol=1e-12)
+
+
+def test_api_accepts_one_divergence_and_refuses_scalars() -> None:
+    p = _t(np.array([0.5, 0.3, 0.2]))
+    one = certificates(p, "greedy", "forward")
+    assert list(one) == [("greedy", "forward")]
+    assert float(one[("greedy", "forward")]) == float(certificate(p, "greedy", "forward"))
+    assert list(certificates(p, "greedy", "reverse", tree_widths=2)) == [("greedy", "reverse"), ("tree:2", "reverse")]
+    with pytest.raises(ValueError, match="divergence must be one of"):
+        certificates(p, "greedy", ["forwards"])
+    scalar = torch.tensor(0.5, dtype=torch.float64)
+    for call in (lambda: witness(scalar, "greedy"), lambda: tree_witness(scalar, 1), lambda: certificate(scalar, "topm:2"),
+                 lambda: certificates(scalar, "greedy", tree_widths=[1]), lambda: tree_certificate(scalar, 1),
+                 lambda: per_token_cost(scalar, 0)):
+        with pytest.raises(ValueError, match="got a scalar"):
+            call()
 
 
 # -- ceilings and limits --------------------------------------------------------------------------
@@ -252,12 +283,15 @@ def test_margin_bounds_approached_as_margin_vanishes(s_total: float) -> None:
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_margin_only_bound_is_attained(m: int) -> None:
-    """All mass on g and m competitors at p(1) - gamma attains phi_m(gamma)."""
-    for gamma in [0.0, 1e-3, 0.1, 0.5, 0.9]:
+    """All mass on g and m competitors at p(1) - gamma attains phi_m(gamma) for gamma > 0; at
+    gamma = 0 the competitors are maximisers themselves, so the bound 0 is only approached."""
+    for gamma in [1e-6, 1e-3, 0.1, 0.5, 0.9]:
         p1 = (1 + m * gamma) / (m + 1)
         p = torch.tensor([p1] + [p1 - gamma] * m + [0.0], dtype=torch.float64)
         assert math.isclose(float(tree_certificate(p, m)), float(margin_only_bound(gamma, m)),
                             rel_tol=1e-9, abs_tol=1e-15)
+    tied = torch.tensor([1 / (m + 1)] * (m + 1) + [0.0], dtype=torch.float64)
+    assert float(tree_certificate(tied, m)) > float(margin_only_bound(0.0, m)) == 0.0
 
 
 def test_pair_cost_reverse_closed_form() -> None:

@@ -75,7 +75,8 @@ SCHEMA: tuple[Column, ...] = (
     Column("draft_rank", "int32", "step", True,
            "Rank of d under the target, 1-based: 1 + #{z : p_z > p_d} (ties share the best rank)."),
     Column("token_rank_in_draft", "int32", "step", True,
-           "Pessimistic rank of g under the drafter: 1 + #{z != g : q_z >= q_g}."),
+           "Pessimistic rank of the target's best-placed maximiser under the drafter: 1 + #{z : p_z < p(1), "
+           "q_z >= max of q over the maximisers of p} (without a tie: 1 + #{z != g : q_z >= q_g})."),
     Column("accepted[{spec}]", "bool", "criterion", True,
            "Criterion c accepts the drafter's token d: p_d >= tau_c(p) (level-set rule: on a top2_tie step strict "
            "greedy accepts both maximisers, where an id-based check, draft_token == token, accepts one)."),
@@ -83,8 +84,8 @@ SCHEMA: tuple[Column, ...] = (
            "KL(p||q) < cert_fwd[c]: acceptance of d is certified. Soundness: certified implies accepted."),
     Column("certified_rev[{spec}]", "bool", "criterion", True, "KL(q||p) < cert_rev[c]."),
     Column("covered[{m}]", "bool", "width", True,
-           "g is among the drafter's top-m whatever the tie-breaking: fewer than m other tokens have q_z >= q_g "
-           "(token_rank_in_draft <= m)."),
+           "A maximiser of p (g, or any token tied with it) is among the drafter's top-m whatever the "
+           "tie-breaking: token_rank_in_draft <= m (the event tree_cert_*[m] certifies)."),
     Column("tree_certified_fwd[{m}]", "bool", "width", True,
            "KL(p||q) < tree_cert_fwd[m]. Soundness: tree-certified implies covered."),
     Column("tree_certified_rev[{m}]", "bool", "width", True, "KL(q||p) < tree_cert_rev[m]."),

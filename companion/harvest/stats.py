@@ -13,6 +13,13 @@ What is computed, and by whom:
 * the drafter side: ``KL(p||q)``, ``KL(q||p)`` and ``TV(p, q)`` in float64 from one pass over
   each row (below), argmaxes and ranks by comparisons on the logits, acceptance by each
   criterion's own ``accept_from`` against the threshold of the same summary.
+
+Ties follow the engine's level-set convention: every maximiser of ``p`` (every token with
+``p_z == p(1)``, the probabilities normalised as the summary normalises them) counts as the
+target's greedy token, and the drafter's ties are broken against us. So a greedy tree of width
+``m`` covers a step iff the drafter's top ``m`` holds a maximiser of ``p`` whatever its
+tie-breaking: fewer than ``m`` non-maximisers ``z`` have ``q_z >= max_{g maximiser} q_g``. The
+tree certificates are certificates of exactly this event (width 1: strict greedy's).
 """
 from __future__ import annotations
 
@@ -99,14 +106,12 @@ class StepStatistics:
         kl_fwd, kl_rev, tv = divergences(logits_p, logits_q, self._ws)
         out["kl_fwd"], out["kl_rev"], out["tv"] = kl_fwd, kl_rev, tv
 
-        g = target_cols["token"]
         d = logits_q.argmax(-1)
         out["draft_token"] = d
         lp_d = logits_p.gather(1, d.unsqueeze(1))
         # Competition rank on the logits: the same order as the probabilities, ties share the best rank.
         out["draft_rank"] = (logits_p > lp_d).sum(1) + 1
-        lq_g = logits_q.gather(1, g.unsqueeze(1))
-        n_rivals = (logits_q >= lq_g).sum(1) - 1  # tokens other than g that tie or beat it under q
+        n_rivals = self._rivals(logits_p, logits_q, s)
         out["token_rank_in_draft"] = n_rivals + 1
 
         p_d = self._prob_of(logits_p, s, d)
@@ -129,6 +134,29 @@ class StepStatistics:
             out.update(self.drafter(logits_p, logits_q, out))
         del out["_summary"]
         return out
+
+    @staticmethod
+    def _rivals(logits_p: Tensor, logits_q: Tensor, s) -> Tensor:
+        """``#{z non-maximiser of p : q_z >= max_{g maximiser of p} q_g}`` per row.
+
+        The maximisers are the summary's values equal to ``p(1)`` (the engine's ties); rows where
+        all ``K`` values tie read them from the full row instead (logits equal to the largest).
+        Without a tie this is ``#{z != g : q_z >= q_g}`` for the greedy token ``g``.
+        """
+        top_q = logits_q.gather(1, s.indices)
+        is_max = s.values == s.values[:, :1]
+        best = torch.where(is_max, top_q, torch.full_like(top_q, -torch.inf)).amax(1, keepdim=True)
+        n_beat = (logits_q >= best).sum(1)
+        n_max_beat = (is_max & (top_q >= best)).sum(1)
+        wide = is_max.all(1)
+        if bool(wide.any()):
+            idx = torch.nonzero(wide).squeeze(1)
+            lp, lq = logits_p.index_select(0, idx), logits_q.index_select(0, idx)
+            full_max = lp == lp.amax(1, keepdim=True)
+            best_w = torch.where(full_max, lq, torch.full_like(lq, -torch.inf)).amax(1, keepdim=True)
+            n_max_beat = n_max_beat.index_copy(0, idx, (full_max & (lq >= best_w)).sum(1))
+            n_beat = n_beat.index_copy(0, idx, (lq >= best_w).sum(1))
+        return n_beat - n_max_beat
 
     @staticmethod
     def _prob_of(logits_p: Tensor, s, tok: Tensor) -> Tensor:
