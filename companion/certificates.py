@@ -173,7 +173,8 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     far = vals - g * (1 + d)
     excess = torch.where(pool, torch.where(big, far, near), zero).sum(1)
     small = -torch.log1p(-excess.clamp(max=1.0))
-    assert outside is not None, "the reverse cost needs the mass outside the pool"
+    if outside is None:
+        raise ValueError("the reverse pooled cost needs the mass outside the pool (outside=None given)")
     large = -torch.logaddexp(torch.log(outside), torch.log(count) + mean_log)
     return torch.where(finite & (excess < _LARGE_EXCESS), small, large)
 
