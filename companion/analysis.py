@@ -230,7 +230,8 @@ class Traces:
             return self.column(name)
         key = f"_computed:{name}"
         if key not in self._cache:
-            self._cache[key] = tree_certificates_from_top(self.column("top_probs"), m, divergence)
+            tail = self.column("top_tail") if self.has("top_tail") else None
+            self._cache[key] = tree_certificates_from_top(self.column("top_probs"), m, divergence, tail=tail)
         return self._cache[key]
 
 
@@ -522,13 +523,17 @@ def run_length_curves(traces: Traces, eps: Sequence[float] = tuple(EPS_GRID), cr
 # Tree certificates of any width, thresholds: from the stored top-k
 
 
-def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = "forward") -> np.ndarray:
-    """``rho_tree,m`` from the target's sorted top probabilities ``[N, k]`` (``k >= m + 1``).
+def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = "forward",
+                               tail: np.ndarray | None = None) -> np.ndarray:
+    """``rho_tree,m`` from the target's sorted top probabilities ``[N, k]``.
 
-    The width-``m`` certificate pools ``g`` with the lowest of its ``m`` competitors
-    ``p(2..m+1)`` (chapter 5), so ``p(1..m+1)`` determine it; this calls the engine's
-    :func:`companion.certificates.tree_cost` on them, which is what the harvest does on the
-    full summary (equal bit for bit on the stored widths; tested).
+    The width-``m`` certificate pools the ``t`` tied maximisers with the lowest of the
+    competitors ``p(t+1..t+m)`` (chapter 5), so the top ``t + m`` probabilities determine it;
+    this calls the engine's :func:`companion.certificates.tree_cost` on every stored value,
+    which is what the harvest does on its full summary (equal bit for bit on the stored widths;
+    tested). ``tail``: the mass beyond the stored values (the ``top_tail`` column); without it,
+    ``1 - sum`` stands in, which loses the digits of reverse certificates above ~30 nats.
+    Rows whose ``t + m`` exceeds the stored ``k`` get NaN.
     """
     top = np.asarray(top_probs, dtype=np.float64)
     if top.ndim != 2 or top.shape[1] < m + 1:
@@ -537,7 +542,9 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
         raise ValueError("tree width m must be >= 1")
     if top.shape[0] == 0:
         return np.zeros(0)
-    cost, _ = tree_cost(torch.tensor(top[:, : m + 1]), m, "forward" if short_divergence(divergence) == "fwd" else "reverse")
+    tail_t = None if tail is None else torch.tensor(np.asarray(tail, dtype=np.float64))
+    div = "forward" if short_divergence(divergence) == "fwd" else "reverse"
+    cost, _ = tree_cost(torch.tensor(top), m, div, tail=tail_t)
     return cost.numpy()
 
 

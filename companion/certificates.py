@@ -244,6 +244,34 @@ def _level_set_pool(values: Tensor, logs: Tensor, n_above: Tensor, y_pos: Tensor
     return pool_k, y_pos >= k, j_star, incomplete
 
 
+def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str, *,
+                   tail: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``C(p, y)`` from the top of a sorted distribution, for callers that hold only its top ``K``.
+
+    ``values``: ``[N, K]`` decreasing probabilities; ``p_y``: ``[N]`` the probability of the token
+    ``y`` to lift to the top; ``n_above``: how many tokens lie strictly above ``p_y`` (when
+    ``n_above < K``, ``y`` is taken to sit at sorted position ``n_above``, else beyond the values);
+    ``tail``: the mass beyond the ``K`` values (default ``max(0, 1 - sum(values))``, which loses the
+    digits of reverse costs above ~30 nats). The pooled minimiser is the one of
+    :func:`certificates`. Returns ``(cost, j_star, incomplete)``: the cost, the number of top
+    tokens pooled with ``y``, and the rows whose scan had not stopped within the ``K`` values.
+    """
+    check_divergence(divergence)
+    values = values.to(torch.float64)
+    p_y = p_y.to(torch.float64)
+    k = values.shape[1]
+    logs = torch.log(values)
+    if tail is None:
+        tail = (1 - values.sum(1)).clamp(min=0)
+    y_pos = n_above.clamp(max=k)
+    y_log = torch.log(p_y)
+    pool_k, extra, j_star, incomplete = _level_set_pool(values, logs, n_above, y_pos, p_y, y_log, divergence)
+    cost = _cost_of_pool(values, logs, tail.to(torch.float64), pool_k, p_y, y_log, extra, divergence)
+    if divergence == "reverse":
+        cost = torch.where(p_y > 0, cost, torch.full_like(cost, torch.inf))
+    return cost, j_star, incomplete
+
+
 def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The pooled set of the width-``m`` tree certificate over sorted values ``[N, K]``.
 

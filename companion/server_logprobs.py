@@ -244,8 +244,15 @@ def certificates_from_logprobs(
     for m in tree_widths:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or (vocab is not None and m >= vocab):
             raise ValueError(f"tree width m must be an integer with 1 <= m < V, got {m!r}")
-        competitors = _padded(v, tail, m + 1)
-        exact = torch.full((n,), m + 1 <= k, dtype=torch.bool)
+        # Tied maximisers all join the pool (the book's tie convention), so the competitors are
+        # p(t+1..t+m). An unseen token is never counted as tied with the top: an exact tie would
+        # raise the certificate, while completions approaching it drive it down to its infimum.
+        ties = (v == v[:, :1]).sum(1)
+        competitors = _padded(v, tail, max(m + 1, int(ties.max()) + m))
+        if competitors.shape[1] > k:
+            top, pads = competitors[:, :1], competitors[:, k:]
+            competitors = torch.cat([competitors[:, :k], torch.where(pads >= top, top * (1 - 2.0**-50), pads)], 1)
+        exact = ties + m <= k
         for div in divs:
             cost, _ = tree_cost(competitors, m, div)
             out[(f"tree:{m}", div)] = LogprobCertificate(cost.reshape(lead).to(device), exact.reshape(lead).to(device))

@@ -59,6 +59,9 @@ SCHEMA: tuple[Column, ...] = (
            "p(1), ..., p(k): the target's top-k probabilities (k = top_k, default 64), decreasing."),
     Column("top_ids", "list<int32>", "step", False,
            "Token ids of top_probs (the order among exactly tied probabilities is unspecified)."),
+    Column("top_tail", "float64", "step", False,
+           "The target's mass beyond top_probs, summed on its own rather than as 1 - sum(top_probs), so that "
+           "certificates recomputed from the stored top-k keep their digits (reverse ones above ~30 nats)."),
     Column("cert_fwd[{spec}]", "float64", "criterion", False,
            "rho*_c(p) for D = KL(p||q): any drafter with KL(p||q) below it has its greedy draft accepted "
            "by criterion c; +inf when c rejects nothing."),

@@ -86,6 +86,8 @@ class StepStatistics:
         out["top2_tie"] = top2[:, 0] == top2[:, 1]
         out["top_probs"] = values[:, : self.top_k]
         out["top_ids"] = idx[:, : self.top_k]
+        # Mass beyond the stored top-k, summed on its own scale (never 1 - sum of the top-k).
+        out["top_tail"] = s.tail + values[:, self.top_k:].sum(1)
         certs = certificates(logits_p, self.criteria, ("forward", "reverse"), tree_widths=self.widths,
                              from_logits=True, summary=s)
         for spec in self.specs:
