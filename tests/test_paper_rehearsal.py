@@ -40,9 +40,11 @@ def _glued(path: Path) -> dict[str, object]:
     out = {}
     for cell in nbformat.read(path, as_version=4).cells:
         for o in cell.get("outputs", []):
-            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
-            if name:
-                out[name] = o.get("data", {}).get("text/plain")
+            scrap = o.get("metadata", {}).get("scrapbook", {})
+            if scrap.get("name"):
+                data = o.get("data", {})
+                prefix = scrap.get("mime_prefix", "")
+                out[scrap["name"]] = data.get(prefix + "text/markdown") or data.get(prefix + "text/plain")
     return out
 
 
@@ -65,6 +67,7 @@ def test_the_harvests_look_like_the_paper_runs(rehearsal) -> None:
 
 def test_chapters_7_and_8_run_unmodified_on_the_rehearsal(rehearsal, make_project) -> None:
     root = make_project(CH7, CH8)
+    (root / "notebooks").mkdir(exist_ok=True)
     for name in (CH7, CH8):
         shutil.copy2(ROOT / "notebooks" / f"{name}.ipynb", root / "notebooks" / f"{name}.ipynb")
     layout = Layout.at(root)
