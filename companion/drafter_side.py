@@ -34,15 +34,20 @@ tokens):
   ``Z = R + q(2) x + q(1) / x``; ``+inf`` for ``D >= 1`` (nothing is ever rejected).
 * ``topk-delta:K,D``: rejected iff rejected by ``topm:K`` or by ``additive:D``: the minimum
   of the two (the first is empty, ``+inf``, when ``K = V``).
-* ``typical:E,D``: rejected iff ``p_d <= E`` or ``p_d <= D e^-H(p)``. The first part is the
-  Bernoulli divergence ``KL(E || q(1))`` (0 when ``q(1) <= E``). On the second the optimal
-  ``p`` puts ``s`` on ``d`` and ``(1-s) r`` on the rest with ``r_i`` proportional to
-  ``qbar_i^beta`` (``qbar`` the drafter without ``d``, renormalised; ``beta >= 1``), and the
-  constraint reads ``(1-s)(log(s/(1-s)) + H(r)) <= log D``. For each ``beta`` the best ``s``
-  is a one-dimensional convex problem solved by bisection; ``beta`` is searched on a grid over
-  ``log beta`` in ``[0, log 1e6]`` and at ``beta = inf``, then refined by golden section. With
-  exact ties among the runners-up, ``r`` may also split unevenly between the tied tokens
-  (``KL(r||qbar) = -H(r) - log qbar(1)``), searched the same way.
+* ``typical:E,D``: rejected iff ``p_d <= min(E, D e^-H(p))``, i.e. iff ``p_d <= E`` *and*
+  ``p_d <= D e^-H(p)`` (an intersection: typical acceptance takes the smaller threshold). The
+  optimal ``p`` puts ``s`` on ``d`` and ``(1-s) r`` on the rest with ``r_i`` proportional to
+  ``qbar_i^beta`` (``qbar`` the drafter without ``d``, renormalised; ``beta >= 1``: the KKT
+  condition off ``d`` is a power transform), and the entropy condition reads
+  ``(1-s)(log(s/(1-s)) + H(r)) <= log D``. For each ``beta`` the best ``s`` is a
+  one-dimensional convex problem (Newton with a bisection safeguard) capped at ``s <= E``;
+  ``beta`` is searched on a grid over ``log(beta - 1)`` (``beta`` from 1 to 1e6), refined by
+  parabolic and golden-section steps, and compared with ``beta = inf`` and with the kink where
+  ``s = E`` meets the entropy condition (found by a root in ``beta``): a global search up to
+  the grid's resolution, checked against SLSQP. With exact ties among the
+  runners-up, ``r`` may also split unevenly between the tied tokens
+  (``KL(r||qbar) = -H(r) - log qbar(1)``), searched the same way. When the entropy condition
+  is slack this is the Bernoulli projection ``KL(E || q(1))``.
 
 The runner-up is the best competitor in every case: swapping the target masses of two
 competitors ``z, z'`` with ``q_z' >= q_z`` changes ``KL(p||q)`` by
@@ -79,25 +84,27 @@ from companion.summary import DEFAULT_TOP, map_rows, normalized_probabilities, s
 from companion.validation import check_tree_width
 
 __all__ = [
+    "TYPICAL_GRID",
     "drafter_certificate",
     "drafter_certificates",
     "drafter_tree_certificate",
-    "drafter_witness",
     "drafter_tree_witness",
-    "TYPICAL_GRID",
+    "drafter_witness",
 ]
 
 _SERIES_CUTOFF = 1e-2
-# Typical acceptance: grid over u = log(beta) in [0, _U_MAX] with this many points, then golden
-# section on the bracket around the best grid point.
+# Typical acceptance: grid over w = log(beta - 1) with this many points (beta from 1 to 1e6),
+# then Brent-style refinement on the bracket around the best grid point.
 TYPICAL_GRID = 29
-_U_MAX = math.log(1e6)
-_REFINE_STEPS = 40
-_REFINE_TOL = 1e-9
+_BETA_MAX = 1e6
+_W_MIN = -30.0
+_REFINE_STEPS = 60
+_REFINE_TOL = 1e-8
 _ROOT_STEPS = 30
 _TOP_COMPETITORS = 1024
 _ELL_FLOOR = -1e4
 _TYPICAL_CHUNK_BYTES = 64 * 2**20
+_TAIL_DIRECT = 1e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +155,20 @@ def _rows(q: Tensor, from_logits: bool, k: int) -> _Rows:
     if s.k >= s.vocab:
         beyond = torch.zeros_like(s.norm)
     else:
-        raw_top = flat.gather(1, s.indices)
-        kth = raw_top[:, -1]
-        n_top = (raw_top == kth.unsqueeze(1)).sum(1)
-        beyond = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits), flat, kth, n_top, s.norm)
+        # 1 - sum(top K) carries an absolute error ~1e-15: relative 1e-12 for a tail above
+        # 1e-3. Smaller tails (peaked rows, where Z ~ R matters) are summed on their own.
+        beyond = (1 - s.values.sum(1)).clamp(min=0.0)
+        small = beyond < _TAIL_DIRECT
+        if bool(small.any()):
+            idx = torch.nonzero(small).squeeze(1)
+            raw_top = flat.index_select(0, idx).gather(1, s.indices.index_select(0, idx))
+            kth = raw_top[:, -1]
+            n_top = (raw_top == kth.unsqueeze(1)).sum(1)
+            full_kth = torch.zeros_like(s.norm, dtype=kth.dtype).index_copy(0, idx, kth)
+            full_n = torch.zeros_like(s.norm, dtype=n_top.dtype).index_copy(0, idx, n_top)
+            exact = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits),
+                             flat, full_kth, full_n, s.norm, idx=idx)
+            beyond = beyond.index_copy(0, idx, exact)
     del vocab
     return _Rows(s.values, s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits)
 
@@ -349,8 +366,8 @@ def _best_s(log_qd: Tensor, log_rd: Tensor, eta: Tensor, kl_r: Tensor, log_delta
     """
     x0 = log_qd - log_rd + kl_r
     zeros = torch.zeros_like(x0)
-    f = lambda x: _bern_kl_logit(x, log_qd, log_rd) + torch.sigmoid(-x) * kl_r  # noqa: E731
-    left = lambda x: (_phi(x, eta) - log_delta, _dphi(x, eta))  # noqa: E731
+    f = lambda x: _bern_kl_logit(x, log_qd, log_rd) + torch.sigmoid(-x) * kl_r
+    left = lambda x: (_phi(x, eta) - log_delta, _dphi(x, eta))
     cap = torch.full_like(x0, x_cap)
     if log_delta < 0:
         hi = -eta + zeros
@@ -359,7 +376,7 @@ def _best_s(log_qd: Tensor, log_rd: Tensor, eta: Tensor, kl_r: Tensor, log_delta
         best_x = torch.minimum(torch.minimum(x0, x1), cap)
         return f(best_x), best_x
     # delta >= 1: the peak of phi solves 1 + e^-x = x + eta.
-    peak_fn = lambda x: (x + eta - 1 - torch.exp(-x), 1 + torch.exp(-x))  # noqa: E731
+    peak_fn = lambda x: (x + eta - 1 - torch.exp(-x), 1 + torch.exp(-x))
     lo_p = 1 - eta + zeros
     hi_p = torch.clamp(2 - eta, min=0.0) + 1.0 + zeros
     x_peak = _root(peak_fn, lo_p, hi_p, 0.5 * (lo_p + hi_p))
@@ -368,7 +385,7 @@ def _best_s(log_qd: Tensor, log_rd: Tensor, eta: Tensor, kl_r: Tensor, log_delta
     start = torch.minimum(log_delta - eta + zeros, x_peak)
     x1 = torch.where(crossing, _root(left, start - 40.0, x_peak, start - 1.0, active=crossing), x_peak)
     if log_delta > 0:
-        right = lambda x: (log_delta - _phi(x, eta), -_dphi(x, eta))  # noqa: E731
+        right = lambda x: (log_delta - _phi(x, eta), -_dphi(x, eta))
         x2 = _root(right, x_peak, x_peak + 800.0, x_peak + 1.0, steps=3 * _ROOT_STEPS, active=crossing)
         x2 = torch.where(crossing, x2, x_peak)
     else:
@@ -412,32 +429,53 @@ class _Competitors:
         ``S0 = sum e^(beta ell)``, ``S1 = sum ell e^(beta ell)``: ``H = log S0 - beta S1/S0`` and
         ``KL = (beta - 1) S1/S0 - log S0 - m`` with ``m = log max qbar``.
         """
+        return self._moments(beta, m, False)[:2]
+
+    def _moments(self, beta: Tensor, m: Tensor, with_var: bool) -> tuple[Tensor, Tensor, Tensor | None]:
         tail = self.log_rest_count + beta * self.top[:, -1]
         ell = self.full if bool((tail > -42.0).any()) else self.top
-        e = torch.exp(beta.unsqueeze(1) * ell)
-        s0 = e.sum(1)
-        mean = (e * ell).sum(1) / s0
+        work = (ell * beta.unsqueeze(1)).exp_()  # one temporary, reused in place
+        s0 = work.sum(1)
+        mean = work.mul_(ell).sum(1) / s0
+        var = (work.mul_(ell).sum(1) / s0 - mean * mean).clamp(min=0.0) if with_var else None
         log_s0 = torch.log(s0)
-        return (log_s0 - beta * mean).clamp(min=0.0), ((beta - 1) * mean - log_s0 - m).clamp(min=0.0)
+        return (log_s0 - beta * mean).clamp(min=0.0), ((beta - 1) * mean - log_s0 - m).clamp(min=0.0), var
+
+    def beta_for_entropy(self, target: Tensor, m: Tensor, active: Tensor) -> Tensor:
+        """``u = log beta`` with ``H(r_beta) = target`` (rows in ``active``; ``H`` falls with ``beta``,
+        ``dH/du = -beta^2 Var_r(ell)``), in ``[0, 40]``."""
+
+        def fn(u: Tensor) -> tuple[Tensor, Tensor]:
+            beta = torch.exp(u)
+            h, _, var = self._moments(beta, m, True)
+            return target - h, (beta * beta * var).clamp(min=1e-300)
+
+        lo, hi = torch.zeros_like(target), torch.full_like(target, 40.0)
+        return _root(fn, lo, hi, torch.ones_like(target), active=active)
 
 
 def _minimise(fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, c: Tensor,
               fa: Tensor, fb: Tensor, fc: Tensor, steps: int) -> tuple[Tensor, Tensor]:
     """Minimise ``fn`` (elementwise over rows) from a bracket ``a <= b <= c`` with ``f(b)`` the
-    smallest: parabolic steps through the three points, golden-section steps every third
-    iteration and whenever the parabola leaves the bracket. Returns ``(b, f(b))``."""
+    smallest, in the manner of Brent: a parabola through the three points when it lands inside
+    the bracket and moves less than half the step before last, a golden-section step into the
+    larger side otherwise. Stops once every row's last step is below ``_REFINE_TOL`` or its
+    value has not improved (beyond rounding) in three steps.
+    Returns ``(b, f(b))``."""
     golden = (3 - math.sqrt(5)) / 2
-    for it in range(steps):
-        if bool(((c - a) <= _REFINE_TOL * (1 + b.abs())).all()):
-            break
+    before_last = c - a
+    last = c - a
+    history = [fb]
+    for _ in range(steps):
         wide_right = (c - b) >= (b - a)
         g = torch.where(wide_right, b + golden * (c - b), b - golden * (b - a))
         num = (b - a) ** 2 * (fb - fc) - (b - c) ** 2 * (fb - fa)
         den = (b - a) * (fb - fc) - (b - c) * (fb - fa)
         u = b - 0.5 * num / den
         tol = 1e-12 * (1 + b.abs())
-        ok = (u > a + tol) & (u < c - tol) & ((u - b).abs() > tol) & (it % 3 != 2)
+        ok = (u > a + tol) & (u < c - tol) & ((u - b).abs() < 0.5 * before_last)
         u = torch.where(ok, u, g)
+        before_last, last = last, (u - b).abs()
         fu = fn(u)
         fu = torch.where(torch.isnan(fu), torch.full_like(fu, torch.inf), fu)
         better = fu < fb
@@ -447,6 +485,11 @@ def _minimise(fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, c: Tensor,
         c, fc = (torch.where(better & ~right, b, torch.where(~better & right, u, c)),
                  torch.where(better & ~right, fb, torch.where(~better & right, fu, fc)))
         b, fb = torch.where(better, u, b), torch.where(better, fu, fb)
+        history.append(fb)
+        # Converged: the step is tiny, or three steps gained nothing above rounding.
+        stalled = (history[-4] - fb <= 1e-12 * (1 + fb.abs())) if len(history) > 3 else torch.zeros_like(better)
+        if bool(((last <= _REFINE_TOL * (1 + b.abs())) | ((c - a) <= _REFINE_TOL * (1 + b.abs())) | stalled).all()):
+            break
     return b, fb
 
 
@@ -454,7 +497,7 @@ def _bracket(grid: Tensor, vals: Tensor) -> tuple[Tensor, ...]:
     """Bracket ``(a, b, c, fa, fb, fc)`` around each row's best grid point (``grid``: ``[n, J]``)."""
     j = vals.argmin(1, keepdim=True)
     jl, jr = (j - 1).clamp(min=0), (j + 1).clamp(max=vals.shape[1] - 1)
-    pick = lambda t, i: t.gather(1, i).squeeze(1)  # noqa: E731
+    pick = lambda t, i: t.gather(1, i).squeeze(1)
     return (pick(grid, jl), pick(grid, j), pick(grid, jr), pick(vals, jl), pick(vals, j), pick(vals, jr))
 
 
@@ -472,38 +515,67 @@ def _typical_rows(comp: _Competitors, log_qd: Tensor, log_rd: Tensor, m: Tensor,
     """Typical acceptance's certificate for the rows of ``comp`` (see the module doc)."""
     n = log_qd.shape[0]
     dev = log_qd.device
-    us = torch.linspace(0.0, _U_MAX, TYPICAL_GRID, dtype=torch.float64, device=dev)
-    # Grid over u = log beta: one moment pass per point, one solve for all of them.
-    mom = [comp.moments(torch.exp(u).expand(n), m) for u in us]
+    # Grid over w = log(beta - 1) (the scale on which the objective varies, from beta = 1 + 1e-13
+    # to 1e6): one moment pass per point, one solve for all of them.
+    us = torch.cat([torch.tensor([_W_MIN], dtype=torch.float64, device=dev),
+                    torch.linspace(-16.0, math.log(_BETA_MAX), TYPICAL_GRID - 1, dtype=torch.float64, device=dev)])
+    mom = [comp.moments(1 + torch.exp(u).expand(n), m) for u in us]
     etas = torch.stack([e for e, _ in mom], 1)
     kls = torch.stack([k for _, k in mom], 1)
     vals, _ = _best_s(log_qd.unsqueeze(1), log_rd.unsqueeze(1), etas, kls, log_delta, x_cap)
 
     def at_u(u: Tensor) -> Tensor:
-        eta, kl = comp.moments(torch.exp(u), m)
+        eta, kl = comp.moments(1 + torch.exp(u), m)
         return _best_s(log_qd, log_rd, eta, kl, log_delta, x_cap)[0]
 
-    u_best, _ = _minimise(at_u, *_bracket(us.expand(n, -1), vals), steps=_REFINE_STEPS)
-    eta_g, kl_g = comp.moments(torch.exp(u_best), m)
-    cost, x = _best_s(log_qd, log_rd, eta_g, kl_g, log_delta, x_cap)
-    beta, eta = torch.exp(u_best), eta_g
+    log_t = torch.log(comp.ties.to(torch.float64))
+    a, b, c, fa, fb, fc = _bracket(us.expand(n, -1), vals)
+    cost = torch.full_like(log_qd, torch.inf)
+    x, beta, eta = torch.full_like(cost, torch.nan), torch.full_like(cost, torch.nan), torch.full_like(cost, torch.nan)
+
+    def keep(v: Tensor, xx: Tensor, bb: Tensor, ee: Tensor, where: Tensor) -> None:
+        nonlocal cost, x, beta, eta
+        better = where & (v < cost)
+        cost, x = torch.where(better, v, cost), torch.where(better, xx, x)
+        beta, eta = torch.where(better, bb, beta), torch.where(better, ee, eta)
+
+    # The objective has a kink (no derivative there, so refinement would crawl to it) where
+    # s = eps meets the entropy condition: (1 - eps)(logit eps + H(r)) = log delta. Solve for
+    # that H directly; rows whose best grid bracket holds a kink no worse than the grid need no
+    # further refinement.
+    eta_eps = None
+    if math.isfinite(x_cap):
+        eta_eps = log_delta / (1 / (1 + math.exp(x_cap))) - x_cap
+        inside = (eta_eps < etas[:, 0]) & (eta_eps > log_t)
+        if bool(inside.any()):
+            u_k = comp.beta_for_entropy(torch.full_like(log_t, eta_eps), m, inside)
+            eta_k, kl_k = comp.moments(torch.exp(u_k), m)
+            v, xx = _best_s(log_qd, log_rd, eta_k, kl_k, log_delta, x_cap)
+            keep(v, xx, torch.exp(u_k), eta_k, inside)
+            u_k = torch.log(torch.expm1(u_k).clamp(min=math.exp(_W_MIN)))  # to w = log(beta - 1)
+            done = inside & (v <= fb) & (u_k >= a) & (u_k <= c)
+            a, b, c = torch.where(done, u_k, a), torch.where(done, u_k, b), torch.where(done, u_k, c)
+            fb = torch.where(done, v, fb)
+    u_best, _ = _minimise(at_u, a, b, c, fa, fb, fc, steps=_REFINE_STEPS)
+    eta_g, kl_g = comp.moments(1 + torch.exp(u_best), m)
+    v, xx = _best_s(log_qd, log_rd, eta_g, kl_g, log_delta, x_cap)
+    keep(v, xx, 1 + torch.exp(u_best), eta_g, torch.ones_like(log_t, dtype=torch.bool))
     # beta = inf: r uniform on the t runners-up tied at q(2). With t >= 2, r may also split
     # unevenly among them: entropy e in [0, log t] at KL(r || qbar) = -e - m.
-    log_t = torch.log(comp.ties.to(torch.float64))
-    tie_kl = lambda e: (-e - m.unsqueeze(-1) if e.dim() > 1 else -e - m).clamp(min=0.0)  # noqa: E731
+    tie_kl = lambda e: (-e - m.unsqueeze(-1) if e.dim() > 1 else -e - m).clamp(min=0.0)
     cands = [log_t]
+    if eta_eps is not None:
+        cands.append(torch.clamp(torch.full_like(log_t, eta_eps), min=0.0).minimum(log_t))
     if bool((comp.ties > 1).any()):
         grid = torch.linspace(0.0, 1.0, TYPICAL_GRID, dtype=torch.float64, device=dev).unsqueeze(0) * log_t.unsqueeze(1)
         tv, _ = _best_s(log_qd.unsqueeze(1), log_rd.unsqueeze(1), grid, tie_kl(grid), log_delta, x_cap)
         e_best, _ = _minimise(lambda e: _best_s(log_qd, log_rd, e, tie_kl(e), log_delta, x_cap)[0],
                               *_bracket(grid, tv), steps=_REFINE_STEPS)
         cands.append(e_best)
+    every = torch.ones_like(log_t, dtype=torch.bool)
     for e in cands:
         v, xx = _best_s(log_qd, log_rd, e, tie_kl(e), log_delta, x_cap)
-        better = v < cost
-        cost, x = torch.where(better, v, cost), torch.where(better, xx, x)
-        beta = torch.where(better, torch.full_like(beta, torch.inf), beta)
-        eta = torch.where(better, e, eta)
+        keep(v, xx, torch.full_like(beta, torch.inf), e, every)
     return _TypicalB(cost, x, beta, eta, comp.ties)
 
 

@@ -18,18 +18,28 @@ from dataclasses import dataclass
 import sympy as sp
 
 __all__ = [
+    "H_r",
+    "R",
     "Tilt",
-    "q_d", "q_z", "R", "alpha", "delta", "lam", "eps", "s", "H_r", "beta", "mu",
-    "greedy_drafter",
-    "multiplicative_tilt",
-    "multiplicative_closed_form",
     "additive_tilt",
+    "alpha",
     "bernoulli_branch",
-    "pool_kkt",
-    "swap_gain",
-    "typical_stationarity",
-    "typical_constraint_split",
+    "beta",
+    "delta",
+    "eps",
     "gibbs_curve",
+    "greedy_drafter",
+    "lam",
+    "mu",
+    "multiplicative_closed_form",
+    "multiplicative_tilt",
+    "pool_kkt",
+    "q_d",
+    "q_z",
+    "s",
+    "swap_gain",
+    "typical_constraint_split",
+    "typical_stationarity",
 ]
 
 q_d, q_z, R = sp.symbols("q_d q_z R", positive=True)
