@@ -1,0 +1,580 @@
+"""Drafter-side certificates against an independent SLSQP oracle, the target-side engine, and the
+acceptance rules themselves (soundness on random and harvested pairs, tightness of witnesses).
+
+The oracle minimises ``KL(p || q)`` directly over the probability simplex (scipy SLSQP, several
+starts), one problem per branch of the rejection region written from the criterion's
+definition: every competitor ``z`` (greedy, relaxed), every set of ``m`` competitors (top-m),
+every token outside the drafter's top ``m`` (trees), and typical acceptance's two conditions
+together. It knows nothing of tilts, pools or runners-up.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import zlib
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import minimize
+
+from companion import certificate, parse_criterion, per_token_cost, tree_certificate
+from companion.drafter_side import (
+    drafter_certificate,
+    drafter_certificates,
+    drafter_tree_certificate,
+    drafter_witness,
+)
+from companion.summary import normalized_probabilities
+from tests.targets import random_targets
+
+SPECS = [
+    "greedy",
+    "topm:2",
+    "topm:3",
+    "multiplicative:0.5",
+    "multiplicative:0.1",
+    "additive:0.1",
+    "additive:0.5",
+    "topk-delta:2,0.2",
+    "topk-delta:3,0.6",
+    "typical:0.09,0.3",
+    "typical:0.3,0.9",
+    "typical:0.05,1.5",
+    "typical:1,1",
+    "tree:2",
+    "tree:3",
+]
+RTOL, ATOL = 1e-6, 1e-9
+
+# ---------------------------------------------------------------------------------------------
+# The oracle.
+
+_LB = 1e-16
+
+
+def _kl_and_grad(q: np.ndarray):
+    log_q = np.log(q)
+
+    def fun(p: np.ndarray) -> tuple[float, np.ndarray]:
+        p = np.clip(p, _LB, None)
+        return float(np.sum(p * (np.log(p) - log_q))), np.log(p) - log_q + 1
+
+    return fun
+
+
+def _linear(vec: np.ndarray, const: float) -> dict:
+    """The constraint ``vec . p + const >= 0``."""
+    return {"type": "ineq", "fun": lambda p: float(vec @ p + const), "jac": lambda p: vec}
+
+
+def _solve(q: np.ndarray, cons: list[dict], starts: list[np.ndarray]) -> float:
+    fun = _kl_and_grad(q)
+    v = len(q)
+    every = [{"type": "eq", "fun": lambda p: p.sum() - 1, "jac": lambda p: np.ones(v)}] + cons
+    best = math.inf
+    for p0 in starts:
+        res = minimize(fun, p0, jac=True, method="SLSQP", bounds=[(_LB, 1.0)] * v, constraints=every,
+                       options={"ftol": 1e-16, "maxiter": 2000})
+        if abs(res.x.sum() - 1) < 1e-9 and all(c["fun"](res.x) >= -1e-10 for c in cons):
+            best = min(best, fun(res.x)[0])
+    return best
+
+
+def slsqp_certificate(q: np.ndarray, spec: str, seed: int = 0) -> float:
+    """``min KL(p||q)`` over the closure of the rejection region of ``argmax q`` (the top of a
+    stable sort; callers avoid ties where they matter), by enumeration of its branches."""
+    q = np.asarray(q, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    v = len(q)
+    order = np.argsort(-q, kind="stable")
+    d = int(order[0])
+    others = [z for z in range(v) if z != d]
+    eye = np.eye(v)
+    base = [q.copy(), np.full(v, 1.0 / v)] + [rng.dirichlet(np.ones(v)) for _ in range(3)]
+
+    def toward(z: int, w: float) -> np.ndarray:
+        return w * eye[z] + (1 - w) * q
+
+    kind, _, arg = spec.partition(":")
+    branches: list[tuple[list[dict], list[np.ndarray]]] = []
+    if kind == "greedy":
+        branches = [([_linear(eye[z] - eye[d], 0.0)], [toward(z, 0.5)]) for z in others]
+    elif kind == "multiplicative":
+        a = float(arg)
+        branches = [([_linear(a * eye[z] - eye[d], 0.0)], [toward(z, 0.7)]) for z in others]
+    elif kind == "additive":
+        delta = float(arg)
+        if delta >= 1:
+            return math.inf
+        branches = [([_linear(eye[z] - eye[d], -delta)], [toward(z, min(0.999, 0.5 + delta))]) for z in others]
+    elif kind == "topm":
+        m = int(arg)
+        for group in itertools.combinations(others, m):
+            branches.append(([_linear(eye[z] - eye[d], 0.0) for z in group],
+                             [0.9 * sum(eye[z] for z in group) / m + 0.1 * q]))
+    elif kind == "tree":
+        m = int(arg)
+        tree = [int(i) for i in order[:m]]
+        for y in (int(i) for i in order[m:]):
+            branches.append(([_linear(eye[y] - eye[z], 0.0) for z in tree], [toward(y, 0.7)]))
+    elif kind == "topk-delta":
+        k, delta = arg.split(",")
+        best = slsqp_certificate(q, f"additive:{delta}", seed)
+        return min(best, slsqp_certificate(q, f"topm:{k}", seed)) if int(k) < v else best
+    elif kind == "typical":
+        eps, delta = (float(x) for x in arg.split(","))
+
+        def entropy_cap(p: np.ndarray) -> float:  # log delta - log p_d - H(p) >= 0
+            p = np.clip(p, _LB, None)
+            return math.log(delta) - math.log(p[d]) + float(np.sum(p * np.log(p)))
+
+        def entropy_cap_jac(p: np.ndarray) -> np.ndarray:
+            p = np.clip(p, _LB, None)
+            jac = np.log(p) + 1
+            jac[d] -= 1 / p[d]
+            return jac
+
+        cons = [{"type": "ineq", "fun": entropy_cap, "jac": entropy_cap_jac}, _linear(-eye[d], eps)]
+        # near the point mass on d too: with delta >= 1 it is rejected (H = 0, p_d = 1 <= delta)
+        starts = [toward(z, w) for z in others for w in (0.6, 0.9, 0.99)] + [toward(d, 0.999), toward(d, 1 - 1e-9)]
+        base += [rng.dirichlet(np.ones(v)) for _ in range(3)]
+        branches = [(cons, starts)]
+    else:
+        raise ValueError(spec)
+    return min(_solve(q, cons, base + extra) for cons, extra in branches)
+
+
+def _oracle_cases(spec: str, n: int, v_max: int = 7) -> list[np.ndarray]:
+    """Random drafters (V in 3..7, ties and near-ties included), floored so that ``log q`` is finite.
+    Trees: no tie at the boundary q(m) = q(m+1) (the oracle enumerates one tree)."""
+    qs = random_targets(4 * n, seed=zlib.crc32(spec.encode()), v_min=3, v_max=v_max, floor=1e-4)
+    kind, _, arg = spec.partition(":")
+    m = int(arg.split(",")[0]) if kind in ("tree", "topm", "topk-delta") else 0
+    out = []
+    for q in qs:
+        s = np.sort(q)[::-1]
+        if kind in ("tree", "topm") and m >= len(q):
+            continue
+        if kind == "tree" and s[m - 1] == s[m]:
+            continue
+        out.append(q)
+    return out[:n]
+
+
+def _agree(ours: float, oracle: float) -> bool:
+    if math.isinf(ours) or math.isinf(oracle):
+        return ours == oracle
+    return abs(ours - oracle) <= ATOL + RTOL * abs(oracle)
+
+
+def _check_oracle(spec: str, n: int, v_max: int = 7) -> float:
+    worst = 0.0
+    for q in _oracle_cases(spec, n, v_max):
+        ours = float(drafter_certificate(torch.tensor(q), spec))
+        oracle = slsqp_certificate(q, spec)
+        assert _agree(ours, oracle), f"{spec}: q={q.tolist()} ours={ours!r} oracle={oracle!r}"
+        if math.isfinite(oracle):
+            worst = max(worst, abs(ours - oracle))
+    return worst
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_matches_slsqp_oracle(spec: str) -> None:
+    _check_oracle(spec, 1 if spec.startswith("typical") else 3, v_max=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", SPECS)
+def test_matches_slsqp_oracle_many(spec: str) -> None:
+    worst = _check_oracle(spec, 40)
+    print(f"{spec}: max |ours - SLSQP| = {worst:.2e}")
+
+
+def test_oracle_is_not_vacuous() -> None:
+    """The oracle finds the closed forms on a hand-checked case (so agreement means something)."""
+    q = np.array([0.5, 0.3, 0.2])
+    assert slsqp_certificate(q, "greedy") == pytest.approx(-math.log(1 - (math.sqrt(0.5) - math.sqrt(0.3)) ** 2), abs=1e-9)
+    # p_d <= 0.2 with q_d = 0.5: the Bernoulli projection, the entropy cap being loose (delta = 3).
+    bern = 0.2 * math.log(0.2 / 0.5) + 0.8 * math.log(0.8 / 0.5)
+    assert slsqp_certificate(q, "typical:0.2,3") == pytest.approx(bern, abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms, the engine, and relations between criteria.
+
+
+def _batch(n: int = 400, v: int = 9, seed: int = 0, ties: bool = True) -> torch.Tensor:
+    """Drafter rows from peaked to flat; every fourth with an exact tie somewhere in the top 4."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.linspace(-2, 2.5, n, dtype=torch.float64)).unsqueeze(1)
+    logits = scale * torch.randn(n, v, generator=gen, dtype=torch.float64)
+    q = torch.softmax(logits, -1)
+    if ties:
+        idx = q.sort(-1, descending=True).indices
+        for i in range(0, n, 4):
+            a = (i // 4) % 3
+            q[i, idx[i, a + 1]] = q[i, idx[i, a]]
+        q = q / q.sum(-1, keepdim=True)
+    return q
+
+
+def test_greedy_closed_form_and_aliases() -> None:
+    q = _batch()
+    s = q.sort(-1, descending=True).values
+    expected = -torch.log1p(-(s[:, 0].sqrt() - s[:, 1].sqrt()) ** 2)
+    out = drafter_certificates(q, ["greedy", "multiplicative:1", "additive:0", "topm:1", "topk-delta:1,0.9"],
+                               tree_widths=[1])
+    for key, val in out.items():
+        torch.testing.assert_close(val, expected, rtol=1e-12, atol=1e-15, msg=key)
+
+
+def test_matches_target_side_reverse_formulas() -> None:
+    """Swapping the roles: top-m is the target-side reverse tree certificate applied to q, the
+    tree of width m the reverse cost of lifting q's (m+1)-th token to the top. (Compared at
+    1e-6: on very peaked rows the two evaluate the same formula with different rounding; the
+    exact values are checked with mpmath below.)"""
+    q = _batch(seed=1)
+    srt, idx = q.sort(-1, descending=True)
+    for m in (1, 2, 3, 5):
+        torch.testing.assert_close(drafter_certificate(q, f"topm:{m}"), tree_certificate(q, m, "reverse"),
+                                   rtol=1e-6, atol=1e-12)
+        ours = drafter_tree_certificate(q, m)
+        torch.testing.assert_close(ours, per_token_cost(q, idx[:, m], "reverse"), rtol=1e-6, atol=1e-12)
+        untied = srt[:, m - 1] > srt[:, m]
+        torch.testing.assert_close(ours[untied], certificate(q, f"topm:{m}", "reverse")[untied], rtol=1e-6, atol=1e-12)
+
+
+def _mp_pool(s: list, pool: list) -> float:
+    g = mpmath.exp(mpmath.fsum(mpmath.log(x) for x in pool) / len(pool))
+    return float(-mpmath.log(1 - mpmath.fsum(pool) + len(pool) * g))
+
+
+def _mp_reference(row: torch.Tensor, spec: str) -> float:
+    """The closed forms at 50 digits on the exactly normalised row (pool sets by the level rule)."""
+    with mpmath.workdps(50):
+        vals = [mpmath.mpf(float(x)) for x in row]
+        total = mpmath.fsum(vals)
+        s = sorted((x / total for x in vals), reverse=True)
+        kind, _, arg = spec.partition(":")
+        if kind in ("topm", "tree"):
+            m = int(arg)
+            pools = ([[s[0]] + s[m + 1 - j:m + 1] for j in range(m + 1)] if kind == "topm"
+                     else [s[:j] + [s[m]] for j in range(m + 1)])
+            level = [mpmath.fsum(mpmath.log(x) for x in pool) / len(pool) for pool in pools]
+            pick = min if kind == "topm" else max
+            return _mp_pool(s, pools[level.index(pick(level))])
+        if kind == "multiplicative":
+            a = mpmath.mpf(arg)
+            lam = mpmath.log(s[0] / (a * s[1])) / (1 + a)
+            return float(-mpmath.log(1 - s[0] - s[1] + s[0] * mpmath.exp(-lam) + s[1] * mpmath.exp(a * lam)))
+        if kind == "additive":
+            delta = mpmath.mpf(arg)
+            rest = 1 - s[0] - s[1]
+            qa, qb, qc = s[1] * (1 - delta), -delta * rest, -s[0] * (1 + delta)
+            x = (-qb + mpmath.sqrt(qb * qb - 4 * qa * qc)) / (2 * qa)
+            return float(delta * mpmath.log(x) - mpmath.log(rest + s[1] * x + s[0] / x))
+    raise ValueError(spec)
+
+
+def test_closed_forms_exact_on_peaked_rows() -> None:
+    """Peaked drafters (q(1) up to 1 - 1e-12), where 1 - sum(pool) is a tiny tail: mpmath at 50 digits."""
+    gen = torch.Generator().manual_seed(5)
+    scale = torch.exp(torch.linspace(0, 3.4, 60, dtype=torch.float64)).unsqueeze(1)
+    q = torch.softmax(scale * torch.randn(60, 9, generator=gen, dtype=torch.float64), -1)
+    specs = ["topm:2", "topm:4", "tree:2", "tree:5", "multiplicative:0.5", "multiplicative:0.05", "additive:0.2",
+             "additive:0.9"]
+    out = drafter_certificates(q, specs)
+    worst = 0.0
+    for spec in specs:
+        for i in range(q.shape[0]):
+            ref = _mp_reference(q[i], spec)
+            got = float(out[spec][i])
+            assert got == pytest.approx(ref, rel=1e-12, abs=1e-15), (spec, i, got, ref)
+            worst = max(worst, abs(got - ref) / max(ref, 1e-300))
+    assert float(q.max()) > 1 - 1e-9  # the batch does reach the peaked regime
+
+
+def test_tree_uses_the_worst_tree_at_ties() -> None:
+    """With q(m) = q(m+1) some top-m choice leaves out a token as likely as one kept: the
+    certificate is the cost of lifting that token, not of the next distinct value."""
+    q = torch.tensor([[0.4, 0.25, 0.25, 0.1]], dtype=torch.float64)
+    lift = per_token_cost(q, 2, "reverse")
+    torch.testing.assert_close(drafter_tree_certificate(q, 2), lift)
+    assert float(lift) < float(certificate(q, "topm:2", "reverse"))
+
+
+def test_relations_between_criteria() -> None:
+    q = _batch(seed=2)
+    specs = ["greedy", "multiplicative:0.9", "multiplicative:0.5", "multiplicative:0.1", "additive:0.05", "additive:0.3",
+             "additive:0.9", "topm:2", "topm:3", "topk-delta:2,0.3", "topk-delta:3,0.3", "typical:0.3,0.9",
+             "typical:0.09,0.3", "typical:0.05,0.3", "typical:0.09,0.1"]
+    c = drafter_certificates(q, specs, tree_widths=[1, 2, 3, 4])
+    tol = 1e-12
+    ge = lambda a, b: bool((c[a] >= c[b] - tol).all())
+    for spec in specs:
+        assert ge(spec, "greedy"), spec  # every one rejects only tokens greedy rejects
+    assert ge("multiplicative:0.1", "multiplicative:0.5") and ge("multiplicative:0.5", "multiplicative:0.9")
+    assert ge("additive:0.9", "additive:0.3") and ge("additive:0.3", "additive:0.05")
+    assert ge("topm:3", "topm:2") and ge("tree:4", "tree:3") and ge("tree:3", "tree:2") and ge("tree:2", "tree:1")
+    assert ge("typical:0.05,0.3", "typical:0.09,0.3") and ge("typical:0.09,0.1", "typical:0.09,0.3")
+    for k in (2, 3):
+        torch.testing.assert_close(c[f"topk-delta:{k},0.3"], torch.minimum(c[f"topm:{k}"], c["additive:0.3"]))
+    # typical's region lies inside {p_d <= eps} and inside {p_d <= delta max p}.
+    srt = q.sort(-1, descending=True).values
+    qd, rd = srt[:, 0], srt[:, 1:].sum(-1)  # 1 - q_d without cancellation on peaked rows
+    bern = torch.where(qd > 0.09, 0.09 * torch.log(0.09 / qd) + 0.91 * torch.log(0.91 / rd), 0.0)
+    assert bool((c["typical:0.09,0.3"] >= bern - tol).all())
+    assert bool((c["typical:0.09,0.3"] >= drafter_certificate(q, "multiplicative:0.3") - tol).all())
+    assert bool(torch.isinf(drafter_certificate(q, "additive:1")).all())
+
+
+def test_logits_shapes_permutations_dtypes() -> None:
+    q = _batch(n=24, v=7, seed=3, ties=False)
+    logits = torch.log(q) + 3.0
+    perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    specs = ["greedy", "topm:2", "multiplicative:0.3", "additive:0.2", "topk-delta:2,0.3", "typical:0.09,0.3"]
+    a = drafter_certificates(q, specs, tree_widths=[2])
+    b = drafter_certificates(logits, specs, tree_widths=[2], from_logits=True)
+    c = drafter_certificates(q[:, perm], specs, tree_widths=[2])
+    d = drafter_certificates(q.reshape(4, 6, 7), specs, tree_widths=[2])
+    e = drafter_certificates(q.float(), specs, tree_widths=[2])
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-9, atol=1e-12, msg=key)
+        torch.testing.assert_close(c[key], a[key], rtol=1e-9, atol=1e-12, msg=key)
+        assert d[key].shape == (4, 6) and d[key].dtype == torch.float64
+        torch.testing.assert_close(d[key].reshape(-1), a[key], msg=key)
+        torch.testing.assert_close(e[key], a[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def test_degenerate_rows() -> None:
+    """A point mass (no target with finite KL(p||q) can reject it), zeros, and exact ties."""
+    q = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.6, 0.4, 0.0], [0.6, 0.0, 0.4]], dtype=torch.float64)
+    out = drafter_certificates(q, ["greedy", "topm:2", "multiplicative:0.5", "additive:0.3", "typical:0.09,0.3",
+                                   "typical:1,1"], tree_widths=[1, 2])
+    assert bool(torch.isinf(out["greedy"][0])) and float(out["greedy"][1]) == 0.0
+    assert bool(torch.isinf(out["typical:0.09,0.3"][0])) and float(out["typical:1,1"][0]) == 0.0
+    # topm:2 with a zero-probability competitor: p_d must fall to 0 -> KL = -log(1 - q_d).
+    assert float(out["topm:2"][2]) == pytest.approx(-math.log(0.4), rel=1e-12)
+    # a zero-probability token cannot become the target's top at finite KL(p||q)
+    assert bool(torch.isinf(out["tree:2"][2]))
+    assert all(bool(torch.isfinite(v[3])) for k, v in out.items() if k != "tree:2")
+
+
+def test_errors_are_one_line() -> None:
+    q = torch.softmax(torch.randn(2, 5), -1)
+    for bad, match in (("topm:5", "m < V"), ("tree:5", "smaller than the vocabulary"), ("tree:x", "malformed tree"),
+                       ("bogus", "malformed criterion")):
+        with pytest.raises(ValueError, match=match):
+            drafter_certificate(q, bad)
+    with pytest.raises(ValueError, match="sum to 1"):
+        drafter_certificate(q * 2, "greedy")
+
+
+# ---------------------------------------------------------------------------------------------
+# Witnesses: they attain the certificate, sit on the rejection region, and a step further is rejected.
+
+
+def _closure_rejects(p: torch.Tensor, q: torch.Tensor, spec: str, tol: float = 1e-9) -> torch.Tensor:
+    """Whether ``p`` lies in the closure of the region where ``spec`` rejects ``argmax q``."""
+    d = q.argmax(-1, keepdim=True)
+    p_d = p.gather(-1, d).squeeze(-1)
+    others = p.scatter(-1, d, -1.0)
+    kind, _, arg = spec.partition(":")
+    if kind == "greedy":
+        return others.amax(-1) >= p_d - tol
+    if kind == "multiplicative":
+        return float(arg) * others.amax(-1) >= p_d - tol
+    if kind == "additive":
+        return others.amax(-1) - p_d >= float(arg) - tol
+    if kind == "topm":
+        return (others >= (p_d - tol).unsqueeze(-1)).sum(-1) >= int(arg)
+    if kind == "topk-delta":
+        k, delta = arg.split(",")
+        return _closure_rejects(p, q, f"topm:{k}", tol) | _closure_rejects(p, q, f"additive:{delta}", tol)
+    if kind == "typical":
+        eps, delta = (float(x) for x in arg.split(","))
+        h = -torch.xlogy(p, p).sum(-1)
+        return p_d <= torch.clamp(delta * torch.exp(-h), max=eps) + tol
+    if kind == "tree":
+        tree = q.topk(int(arg), -1).indices
+        inside = p.gather(-1, tree).amax(-1)
+        outside = p.scatter(-1, tree, -1.0).amax(-1)
+        return outside >= inside - tol
+    raise ValueError(spec)
+
+
+def _rejects(p: torch.Tensor, q: torch.Tensor, spec: str) -> torch.Tensor:
+    """Whether ``spec`` rejects some maximiser of ``q`` under ``p`` (the library's acceptance rule)."""
+    top = q == q.amax(-1, keepdim=True)
+    return (parse_criterion(spec).rejection_mask(p) & top).any(-1)
+
+
+def _tree_strict(p: torch.Tensor, q: torch.Tensor, spec: str) -> torch.Tensor:
+    """Whether the greedy tree of ``q``'s top m fails under ``p``: a token outside beats all inside."""
+    tree = q.topk(int(spec.split(":")[1]), -1).indices
+    return p.scatter(-1, tree, -1.0).amax(-1) > p.gather(-1, tree).amax(-1)
+
+
+def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s != "typical:1,1"])
+def test_witness_attains_and_is_tight(spec: str) -> None:
+    q = _batch(n=120, v=7, seed=4, ties=False)
+    rho = drafter_certificate(q, spec)
+    w = drafter_witness(q, spec)
+    finite = torch.isfinite(rho)
+    assert bool(torch.isnan(w[~finite]).all())
+    w, qf, rho = w[finite], q[finite], rho[finite]
+    torch.testing.assert_close(w.sum(-1), torch.ones_like(rho), rtol=0, atol=1e-12)
+    torch.testing.assert_close(_kl(w, qf), rho, rtol=1e-9, atol=1e-13)
+    assert bool(_closure_rejects(w, qf, spec).all()), spec
+    live = rho > 1e-6
+    # One step further along the tilt from q through the witness: rejected.
+    for t in (1.0 + 1e-5, 1.01):
+        push = qf * (w / qf) ** t
+        push = push / push.sum(-1, keepdim=True)
+        rejected = _tree_strict(push, qf, spec) if spec.startswith("tree") else _rejects(push, qf, spec)
+        assert bool(rejected[live].all()), (spec, t)
+    # Mixtures with q are strictly cheaper (KL is convex) and therefore certified: accepted.
+    for t in (1e-3, 0.3):
+        mix = (1 - t) * w + t * qf
+        assert bool((_kl(mix, qf) < rho).all())
+        bad = _tree_strict(mix, qf, spec) if spec.startswith("tree") else _rejects(mix, qf, spec)
+        assert not bool(bad[live].any()), (spec, t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Soundness: KL(p||q) < rho~(q) implies acceptance.
+
+SOUND_SPECS = ["greedy", "topm:2", "topm:3", "multiplicative:0.5", "multiplicative:0.1", "additive:0.1",
+               "additive:0.3", "topk-delta:2,0.2", "topk-delta:3,0.6", "typical:0.09,0.3", "typical:0.3,0.9",
+               "typical:0.05,1.5"]
+
+
+def _soundness(q: torch.Tensor, p: torch.Tensor, widths=(2, 3)) -> dict[str, int]:
+    rho = drafter_certificates(q, SOUND_SPECS, tree_widths=widths)
+    kl = _kl(p, q)
+    counts = {}
+    for spec in SOUND_SPECS + [f"tree:{m}" for m in widths]:
+        certified = kl < rho[spec]
+        if spec.startswith("tree"):
+            m = int(spec.split(":")[1])
+            srt = q.sort(-1, descending=True).values
+            certified &= srt[:, m - 1] > srt[:, m]  # one tree only
+            bad = certified & _tree_strict(p, q, spec)
+        else:
+            bad = certified & _rejects(p, q, spec)
+        assert not bool(bad.any()), f"{spec}: certified but rejected at rows {torch.nonzero(bad).squeeze(1).tolist()[:5]}"
+        counts[spec] = int(certified.sum())
+    return counts
+
+
+@given(seed=st.integers(0, 2**31 - 1), v=st.integers(4, 12), log_scale=st.floats(-2.0, 2.5),
+       log_noise=st.floats(-7.0, 1.0))
+@settings(max_examples=10, deadline=None)
+def test_soundness_random_pairs(seed: int, v: int, log_scale: float, log_noise: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    logits = math.exp(log_scale) * torch.randn(48, v, generator=gen, dtype=torch.float64)
+    q = torch.softmax(logits, -1)
+    noise = math.exp(log_noise) * torch.exp(torch.linspace(-3, 0, 48, dtype=torch.float64)).unsqueeze(1)
+    p = torch.softmax(logits + noise * torch.randn(48, v, generator=gen, dtype=torch.float64), -1)
+    _soundness(q, p)
+
+
+def test_soundness_is_not_vacuous() -> None:
+    """Many pairs near the boundary: plenty certified, plenty not, none certified and rejected."""
+    gen = torch.Generator().manual_seed(11)
+    n, v = 1500, 8
+    logits = torch.exp(torch.empty(n, 1, dtype=torch.float64).uniform_(-1, 2.5, generator=gen)) \
+        * torch.randn(n, v, generator=gen, dtype=torch.float64)
+    q = torch.softmax(logits, -1)
+    noise = torch.exp(torch.empty(n, 1, dtype=torch.float64).uniform_(-6, 0.5, generator=gen))
+    p = torch.softmax(logits + noise * torch.randn(n, v, generator=gen, dtype=torch.float64), -1)
+    counts = _soundness(q, p)
+    for spec, count in counts.items():
+        assert 0.05 * n < count < 0.98 * n, (spec, count)
+
+
+def _teacher_forced_pair(n_prompts: int = 4, length: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p, q)`` logits of the embedded pair on the same prefixes (teacher forcing on the
+    prompts' own text, one forward per model): ``[S, V]`` float32, as a harvest sees them."""
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+
+    target, drafter, tok = load_pair("default", device="cpu", dtype=torch.float32)
+    ids = [tok(pr.text)["input_ids"][:length] for pr in load_prompts("default")[:n_prompts]]
+    width = min(len(x) for x in ids)
+    batch = torch.tensor([x[:width] for x in ids])
+    with torch.no_grad():
+        logits_p = target(batch).logits.float()
+        logits_q = drafter(batch).logits.float()
+    return logits_p.reshape(-1, logits_p.shape[-1]), logits_q.reshape(-1, logits_q.shape[-1])
+
+
+def test_soundness_on_the_embedded_pair() -> None:
+    logits_p, logits_q = _teacher_forced_pair()
+    p = torch.softmax(logits_p.double(), -1)
+    q = torch.softmax(logits_q.double(), -1)
+    counts = _soundness(q, p, widths=(2, 4))
+    assert counts["greedy"] > 0, counts
+    # the logits path gives the same certificates as the probabilities
+    torch.testing.assert_close(drafter_certificate(logits_q, "greedy", from_logits=True),
+                               drafter_certificate(q, "greedy"), rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Full vocabulary.
+
+
+def _lm_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    logits = 2.0 * torch.randn(rows, vocab, generator=gen)
+    boost = torch.linspace(2.0, 16.0, rows).unsqueeze(1)
+    logits[:, :3] += boost * torch.tensor([1.0, 0.8, 0.7])
+    return logits
+
+
+def test_full_vocabulary() -> None:
+    logits = _lm_logits(4, 151936)
+    specs = ["greedy", "topm:4", "multiplicative:0.1", "additive:0.3", "topk-delta:10,0.6", "typical:0.09,0.3"]
+    out = drafter_certificates(logits, specs, tree_widths=[2, 8], from_logits=True)
+    q = torch.softmax(logits.double(), -1)
+    s = q.sort(-1, descending=True)
+    torch.testing.assert_close(out["greedy"], -torch.log1p(-(s.values[:, 0].sqrt() - s.values[:, 1].sqrt()) ** 2),
+                               rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(out["topm:4"], tree_certificate(q, 4, "reverse"), rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(out["tree:8"], per_token_cost(q, s.indices[:, 8], "reverse"), rtol=1e-6, atol=1e-12)
+    for key, val in out.items():
+        assert val.shape == (4,) and bool(torch.isfinite(val).all()), key
+    # The library normalises float32 logits with a float32 tail sum (relative error ~1e-7 on
+    # flat rows); the witness is exact for that same q.
+    q_lib = normalized_probabilities(logits[:2], from_logits=True)
+    w = drafter_witness(logits[:2], "typical:0.09,0.3", from_logits=True)
+    torch.testing.assert_close(_kl(w, q_lib), out["typical:0.09,0.3"][:2], rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_benchmark_full_vocabulary() -> None:
+    """Prints the time per criterion on [8, 151936] float32 logits (the machine is shared: indicative)."""
+    logits = _lm_logits(8, 151936, seed=1)
+    specs = ["greedy", "topm:4", "tree:4", "multiplicative:0.1", "additive:0.3", "topk-delta:10,0.6", "typical:0.09,0.3"]
+    drafter_certificate(logits, "greedy", from_logits=True)
+    soft = min(_timed(lambda: torch.softmax(logits, -1)) for _ in range(3))
+    print(f"\nsoftmax [8, 151936] float32: {soft * 1e3:.1f} ms")
+    for spec in specs:
+        best = min(_timed(lambda s=spec: drafter_certificate(logits, s, from_logits=True)) for _ in range(3))
+        print(f"{spec:>20}: {best * 1e3:8.1f} ms")
+        assert best < 60.0
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
