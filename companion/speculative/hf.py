@@ -134,7 +134,8 @@ def hf_assisted_generate(
     ids = torch.tensor([_prompt_ids(input_ids)], dtype=torch.long, device=target.device)
     eos = sorted(_eos_ids(eos_token_id, target))
     gc = drafter.generation_config
-    saved = {k: getattr(gc, k) for k in settings}
+    # transformers also overwrites the assistant's eos_token_id with the target's
+    saved = {k: copy.deepcopy(getattr(gc, k)) for k in (*settings, "eos_token_id")}
     for k, v in settings.items():
         setattr(gc, k, v)
     verbosity = hf_logging.get_verbosity()
