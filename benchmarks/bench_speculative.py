@@ -24,7 +24,6 @@ prompts on which it matched our decoder round for round.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +33,14 @@ import torch
 
 from companion.models import load_pair
 from companion.prompts import load_prompts
-from companion.speculative import Policy, generate, hf_assisted_generate, measure_costs, modelled_cost, parse_policy
+from companion.speculative import (
+    Policy,
+    generate,
+    hf_assisted_generate,
+    measure_costs,
+    modelled_cost,
+    parse_policy,
+)
 
 CONFIDENCE_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 DEFAULTS = ("confidence:0.4", "heuristic:20,0.4")  # transformers 4.57 out of the box; its heuristic with 0.4 kept
@@ -52,7 +58,7 @@ class Row:
 
 
 def builtin_policies(quick: bool) -> list[str]:
-    ks = (0, 2, 3, 4, 5) if quick else tuple(range(0, 9))
+    ks = (0, 2, 3, 4, 5) if quick else tuple(range(9))
     grid = (0.2, 0.4, 0.6) if quick else CONFIDENCE_GRID
     return ([f"constant:{k}" for k in ks] + [f"confidence:{t}" for t in grid]
             + ["heuristic", "heuristic:5", "heuristic:20,0.4"])

@@ -322,7 +322,7 @@ def test_pava_is_the_isotonic_least_squares_fit(points):
     res = minimize(lambda x: float(np.sum(np.array(weights) * (x - values) ** 2)), x0=np.full(n, np.mean(values)),
                    constraints=[{"type": "ineq", "fun": lambda x, i=i: x[i + 1] - x[i]} for i in range(n - 1)],
                    method="SLSQP", options={"ftol": 1e-14, "maxiter": 500})
-    obj = lambda x: float(np.sum(np.array(weights) * (x - values) ** 2))  # noqa: E731
+    obj = lambda x: float(np.sum(np.array(weights) * (x - values) ** 2))
     assert obj(fit) <= obj(res.x) + 1e-9
 
 

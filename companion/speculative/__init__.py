@@ -10,7 +10,12 @@ lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
 for a round-by-round comparison.
 """
 from companion.speculative.costs import CostModel, measure_costs, modelled_cost
-from companion.speculative.decoder import SpeculativeResult, Timings, drafter_rho, generate
+from companion.speculative.decoder import (
+    SpeculativeResult,
+    Timings,
+    drafter_rho,
+    generate,
+)
 from companion.speculative.hf import hf_assisted_generate, hf_settings
 from companion.speculative.policies import (
     POLICY_FORMS,

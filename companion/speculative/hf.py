@@ -44,8 +44,19 @@ import torch
 from torch import Tensor
 from transformers.utils import logging as hf_logging
 
-from companion.speculative.decoder import SpeculativeResult, Timings, _eos_ids, _prompt_ids
-from companion.speculative.policies import Confidence, Constant, Heuristic, Policy, parse_policy
+from companion.speculative.decoder import (
+    SpeculativeResult,
+    Timings,
+    _eos_ids,
+    _prompt_ids,
+)
+from companion.speculative.policies import (
+    Confidence,
+    Constant,
+    Heuristic,
+    Policy,
+    parse_policy,
+)
 
 
 def hf_settings(policy: str | Policy) -> dict[str, Any]:
