@@ -1,0 +1,51 @@
+"""Speculative decoding at decode time: a greedy speculative decoder, drafting policies, a measured cost model.
+
+``generate(target, drafter, input_ids, policy="certificate", max_new_tokens=64)`` decodes one
+sequence and returns a :class:`SpeculativeResult` (tokens, forwards, per-round accepted
+lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
+:func:`parse_policy`): transformers' built-in schedules (``constant:K``, ``heuristic``,
+``confidence:T``) and the calibrated cost rule (``certificate``, ``top1``, ``margin``).
+:func:`measure_costs` and :func:`modelled_cost` give the cost model, and
+:func:`hf_assisted_generate` runs transformers' own assisted generation under the same spec
+for a round-by-round comparison.
+"""
+from companion.speculative.costs import CostModel, measure_costs, modelled_cost
+from companion.speculative.decoder import (
+    SpeculativeResult,
+    Timings,
+    drafter_rho,
+    generate,
+)
+from companion.speculative.hf import hf_assisted_generate, hf_settings
+from companion.speculative.policies import (
+    POLICY_FORMS,
+    Calibrated,
+    Confidence,
+    Constant,
+    DraftStep,
+    Heuristic,
+    Policy,
+    RoundOutcome,
+    parse_policy,
+)
+
+__all__ = [
+    "POLICY_FORMS",
+    "Calibrated",
+    "Confidence",
+    "Constant",
+    "CostModel",
+    "DraftStep",
+    "Heuristic",
+    "Policy",
+    "RoundOutcome",
+    "SpeculativeResult",
+    "Timings",
+    "drafter_rho",
+    "generate",
+    "hf_assisted_generate",
+    "hf_settings",
+    "measure_costs",
+    "modelled_cost",
+    "parse_policy",
+]

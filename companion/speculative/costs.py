@@ -1,0 +1,137 @@
+"""The cost model of speculative decoding, measured on the models at hand.
+
+Unit: one single-token target forward with a warm KV cache. Then
+
+* ``c`` = (single-token drafter forward time) / (single-token target forward time);
+* ``V(k)`` = (time of a target forward over ``k + 1`` new tokens, i.e. verifying ``k`` drafts) /
+  (single-token target forward time); ``V(0) = 1``.
+
+A generation whose rounds verified ``k_1, k_2, ...`` drafts with ``D`` drafter forwards in all
+has modelled cost ``sum_r V(k_r) + c D``, reported per generated token by :func:`modelled_cost`.
+The prompt's prefill is counted as an ordinary forward for both models (it is the same for
+every policy). ``V(k)`` is not ``1``: on the embedded pair with transformers on the CPU the
+multi-token forward builds an explicit attention mask, a fixed cost that a one-token forward
+skips, so ``V`` jumps at ``k = 1`` and then grows slowly.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from companion.speculative.decoder import SpeculativeResult
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured costs in single-token target forwards (see the module docstring).
+
+    ``verify[k]`` is ``V(k)`` for ``k = 0 .. len(verify) - 1``; beyond, :meth:`verify_cost`
+    extrapolates linearly from the last two entries. ``target_s`` and ``drafter_s`` are the
+    measured single-token forward times (median seconds) at ``context`` cached tokens.
+    """
+
+    c: float
+    verify: tuple[float, ...]
+    target_s: float = math.nan
+    drafter_s: float = math.nan
+    context: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.verify or self.verify[0] != 1.0:
+            raise ValueError(f"verify costs must start with V(0) = 1, got {self.verify[:1]}")
+        if not (math.isfinite(self.c) and self.c >= 0):
+            raise ValueError(f"cost ratio c must be a finite number >= 0, got {self.c!r}")
+
+    def verify_cost(self, k: int) -> float:
+        """``V(k)``; linear extrapolation past the measured range."""
+        if k < 0:
+            raise ValueError(f"number of drafts must be >= 0, got {k}")
+        if k < len(self.verify):
+            return self.verify[k]
+        if len(self.verify) < 2:
+            return self.verify[-1]
+        slope = self.verify[-1] - self.verify[-2]
+        return self.verify[-1] + slope * (k - len(self.verify) + 1)
+
+    def affine(self) -> tuple[float, float]:
+        """Least-squares ``(v1, dv)`` with ``V(k) ~ v1 + dv (k - 1)`` over the measured ``k >= 1``."""
+        ks = list(range(1, len(self.verify)))
+        if not ks:
+            return 1.0, 0.0
+        if len(ks) == 1:
+            return self.verify[1], 0.0
+        xs = [k - 1 for k in ks]
+        ys = [self.verify[k] for k in ks]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        dv = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        dv = max(dv, 0.0)
+        return my - dv * mx, dv
+
+    def policy_defaults(self) -> dict[str, float]:
+        """Knob values ``c, v1, dv`` for the calibrated policies."""
+        v1, dv = self.affine()
+        return {"c": self.c, "v1": v1, "dv": dv}
+
+
+def modelled_cost(result: SpeculativeResult, costs: CostModel) -> float:
+    """Modelled cost per generated token: ``(sum_r V(k_r) + c * drafter_forwards) / len(tokens)``."""
+    n = len(result.tokens)
+    if n == 0:
+        return math.nan
+    total = sum(costs.verify_cost(k) for k in result.submitted) + costs.c * result.drafter_forwards
+    return total / n
+
+
+def measure_costs(
+    target: Any,
+    drafter: Any,
+    *,
+    context: int = 128,
+    kmax: int = 24,
+    repeats: int = 15,
+    seed: int = 0,
+) -> CostModel:
+    """Measure ``c`` and ``V(0 .. kmax)`` with ``context`` tokens in both caches.
+
+    Every repeat times, interleaved, one single-token drafter forward, one single-token target
+    forward and one target forward over ``k + 1`` tokens for each ``k``; each forward is undone
+    by cropping the cache. The medians over ``repeats`` give the ratios (interleaving keeps a
+    shared machine's load changes from biasing one measurement against another).
+    """
+    for name, value, lo in (("context", context, 1), ("kmax", kmax, 1), ("repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    vocab = min(target.get_output_embeddings().weight.shape[0], drafter.get_output_embeddings().weight.shape[0])
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, context + kmax + 1), generator=gen)
+    caches = {}
+    times: dict[tuple[str, int], list[float]] = {}
+    with torch.inference_mode():
+        for name, model in (("target", target), ("drafter", drafter)):
+            cache = DynamicCache()
+            model(input_ids=ids[:, :context].to(model.device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            caches[name] = cache
+        plan = [("drafter", drafter, 1), ("target", target, 1)] + [("target", target, k + 1) for k in range(1, kmax + 1)]
+        for rep in range(repeats + 1):
+            for name, model, n in plan:
+                x = ids[:, context:context + n].to(model.device)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model(input_ids=x, past_key_values=caches[name], use_cache=True, logits_to_keep=n)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                caches[name].crop(context)
+                if rep:  # the first pass warms up
+                    times.setdefault((name, n), []).append(dt)
+    med = {key: statistics.median(v) for key, v in times.items()}
+    t1 = med[("target", 1)]
+    verify = (1.0,) + tuple(med[("target", k + 1)] / t1 for k in range(1, kmax + 1))
+    return CostModel(c=med[("drafter", 1)] / t1, verify=verify, target_s=t1, drafter_s=med[("drafter", 1)], context=context)

@@ -1,0 +1,625 @@
+"""Drafting policies: how many tokens the drafter proposes in each round.
+
+A policy is written as a spec string and parsed by :func:`parse_policy`:
+
+==============================  ==========================================================================
+spec                            rule
+==============================  ==========================================================================
+``constant:K``                  always draft ``K`` tokens (``K = 0``: plain autoregressive decoding)
+``heuristic[:K0[,T]]``          transformers' schedule: start at ``K0`` (default 20, transformers 4.57's
+                                ``num_assistant_tokens``); after a round whose drafts were all accepted
+                                ``K += 2``, otherwise ``K = max(1, K - 1)``; optional confidence stop ``T``
+``confidence:T[,K]``            draft up to ``K`` (default 20) tokens, stop after a draft whose drafter
+                                probability is below ``T`` (transformers' ``assistant_confidence_threshold``)
+``certificate[:knobs]``         the calibrated cost rule below, driven by the drafter-side certificate
+``top1[:knobs]``                the same rule driven by the drafter's top probability ``q(1)`` alone
+``margin[:knobs]``              the same rule driven by the plain margin ``q(1) - q(2)``
+==============================  ==========================================================================
+
+transformers 4.57 defaults, for reference: ``num_assistant_tokens = 20``, schedule ``"constant"``,
+``assistant_confidence_threshold = 0.4``; so ``confidence:0.4`` *is* its out-of-the-box assisted
+generation, and ``heuristic:20,0.4`` its heuristic schedule with the default threshold left on.
+The three built-in policies reproduce ``transformers.generation.candidate_generator``
+(``AssistedCandidateGenerator``) exactly:
+
+* the round's draft budget is ``min(int(K), max_length - cur_len - 1)``: the last position is left
+  to the target's bonus token, so no round ever overshoots ``max_new_tokens``;
+* the confidence stop is checked *after* a token is drafted (``ConfidenceCriteria``): the
+  low-confidence token is still proposed, and ``T = 0`` disables it;
+* the heuristic counts a round as fully accepted when the accepted length equals the number of
+  tokens actually drafted (which the budget, the confidence stop or an end-of-sequence token can
+  make smaller than ``K``); ``K`` is a float, truncated by ``int`` when used;
+* transformers' heuristic state persists across ``generate`` calls on the same assistant
+  (schedule ``"heuristic"``); a spec string gives a fresh policy per call (``"heuristic_transient"``
+  behaviour); pass a :class:`Policy` object to keep its state across calls.
+* with scikit-learn installed, transformers also retunes the confidence threshold online from an
+  ROC curve; the policies here (and :func:`companion.speculative.hf.hf_assisted_generate`) use the
+  fixed threshold.
+
+The calibrated cost rule (``certificate``, ``top1``, ``margin``)
+------------------------------------------------------------------
+Costs are in units of one single-token target forward. A round that calls the drafter ``i``
+times and submits ``k <= i`` drafts to one verification forward costs ``C = V(k) + c * i``, where
+``c`` is the drafter/target forward-time ratio and ``V(k)`` the cost of a target forward over
+``k`` drafts (``V(0) = 1``; modelled affine ``V(k) = v1 + dv * (k - 1)`` for ``k >= 1``; measure
+them with :func:`companion.speculative.costs.measure_costs`). It yields ``N = 1 + A`` tokens,
+``A`` the accepted length. If ``s_t`` is the predicted probability that draft ``t`` is accepted
+given that drafts ``1..t-1`` were, the whole draft ``1..j`` survives with probability
+``S_j = s_1 s_2 ... s_j`` and ``E[A] = S_1 + ... + S_k``.
+
+*Objective.* Long-run throughput is ``E[N] / E[C]`` per round (renewal-reward), and a policy
+maximises it iff it maximises ``E[N] - lam* E[C]`` round by round, ``lam*`` the optimal rate in
+tokens per unit of cost (Dinkelbach).
+
+*Marginal rule.* After ``i`` drafter calls the draft survives whole with probability ``S_i``;
+one more call costs ``lam (c + V(i+1) - V(i))`` and adds ``S_i s`` expected tokens, ``s`` the
+next step's survival, still unknown. With ``W_i(S)`` the value of being free to keep drafting,
+
+    ``W_i(S) = max(0, E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i)))``,  ``W_kmax = 0``,
+
+the policy makes one more call iff the second argument is positive at ``S = S_i``: the predicted
+probability that the whole draft survives still pays for one more drafter call. If drafting
+could not continue after that call (``W_{i+1} = 0``) this is ``S_i E[s] > lam (c + dv)``: draft
+one more token iff the expected accepted tokens it adds per unit of cost it adds exceed the rate,
+i.e. iff it increases the expected tokens per unit cost; ``W_{i+1}`` adds the option of drafting
+further, which matters when the first draft carries a jump in verification cost
+(``v1 - 1 > dv``, as with transformers' multi-token attention mask on the CPU): one draft may
+not pay while several do. The law of ``s`` is the empirical distribution of the calibrated
+survival over verified steps, separately for a round's first draft and for later ones (plus
+``n0`` pseudo-steps at ``prior``); ``lam = lam*`` under that model, the root of
+``1 - lam + W_0(1; lam) = 0`` (see :func:`optimal_rate`). When drafting stops after ``i`` calls the
+policy submits ``k* = argmax_{k <= i} S_1 + ... + S_k - lam V(k)``, so a draft the drafter was unsure
+of is not verified when checking it costs more than it is expected to bring.
+
+*Calibration* (online, from verified steps only: the decoder sees the target's ``p`` only at
+positions it verified, namely the accepted drafts and the first rejected one):
+
+* ``cal=bins`` (default): ``s_t`` is the acceptance frequency of verified steps whose score lies
+  in the same bin as step ``t``'s score: at most ``bins`` quantile bins of the verified scores
+  (at least 8 steps each), each with ``n0`` pseudo-steps at ``prior``, made non-decreasing in the
+  score by weighted pool-adjacent-violators. Scores: ``certificate`` ``u = 1 - exp(-rho~(q))``
+  (for strict greedy ``(sqrt q(1) - sqrt q(2))^2``), ``top1`` ``u = q(1)``, ``margin``
+  ``u = q(1) - q(2)``. ``window=W`` calibrates on the last ``W`` verified steps only.
+* ``cal=kl``: ``s_t = F(rho(q_t))`` with ``F`` the running empirical CDF of ``KL(p || q)`` over
+  verified steps: literally the predicted probability that the step's certificate holds, which
+  (when the divergence is independent of ``q``) is a lower bound on its acceptance probability,
+  since ``KL < rho~`` implies acceptance. ``top1`` uses the strict-greedy certificate with
+  ``q(2)`` at its worst case ``min(q(1), 1 - q(1))``, ``margin`` the worst case over ``q`` with the
+  given margin, ``-log(1 - m^2) / 2``: the certificates one can state knowing only that statistic.
+  On the embedded pair this bound is far below the acceptance rate (the certificate holds at
+  about a quarter of the steps, drafts are accepted at four fifths), so ``cal=kl`` drafts too
+  little; it is kept for comparison.
+
+Exploration: a round that submits nothing teaches nothing, so after ``explore`` such rounds in a
+row one draft is made and verified regardless.
+
+Knobs (``name=value``, comma separated): ``c`` (0.28), ``v1`` (1.5), ``dv`` (0.025), ``kmax`` (16),
+``prior`` (0.8), ``n0`` (4), ``bins`` (16), ``cal`` (``bins`` or ``kl``), ``explore`` (8, 0 = never),
+``window`` (0 = all verified steps).
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+DEFAULT_NUM_ASSISTANT_TOKENS = 20
+"""transformers 4.57's ``GenerationConfig.num_assistant_tokens`` default."""
+DEFAULT_CONFIDENCE_THRESHOLD = 0.4
+"""transformers 4.57's ``GenerationConfig.assistant_confidence_threshold`` default."""
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """What the decoder tells a policy about one drafter call.
+
+    ``q1`` and ``q2`` are the drafter's two largest probabilities (the drafted token has ``q1``:
+    drafting is greedy), ``rho`` the drafter-side certificate of the verification criterion
+    (``nan`` unless the policy asked for it).
+    """
+
+    token: int
+    q1: float
+    q2: float
+    rho: float = math.nan
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """The verification result of one round, as the decoder reports it to the policy.
+
+    ``drafted`` drafter calls were made, ``submitted`` drafts verified, ``accepted`` of them
+    accepted (a prefix). ``kl`` holds ``KL(p || q)`` at the verified positions
+    ``1 .. min(accepted + 1, submitted)`` when the policy asked for it, else is empty.
+    """
+
+    drafted: int
+    submitted: int
+    accepted: int
+    kl: tuple[float, ...] = ()
+
+    @property
+    def verified(self) -> int:
+        """Positions where both ``p`` and ``q`` are known on the true prefix."""
+        return min(self.accepted + 1, self.submitted)
+
+
+class Policy(ABC):
+    """A drafting policy. The decoder calls, every round:
+
+    ``start_round(cap)``; then, while ``wants_draft(n)`` (``n`` drafts so far, ``n < cap``), one
+    drafter call followed by ``observe(step)``; then ``submit(n)`` (how many drafts to verify);
+    and after verification ``end_round(outcome)``.
+    """
+
+    needs_certificate: ClassVar[bool] = False
+    needs_kl: ClassVar[bool] = False
+
+    def start_round(self, cap: int) -> None:
+        """A new round may draft at most ``cap`` tokens (the length budget)."""
+        self._cap = cap
+
+    @abstractmethod
+    def wants_draft(self, n_drafted: int) -> bool:
+        """Whether to make another drafter call after ``n_drafted`` this round."""
+
+    def observe(self, step: DraftStep) -> None:
+        """The drafter's distribution at the token just drafted."""
+
+    def submit(self, n_drafted: int) -> int:
+        """How many of the ``n_drafted`` drafts to verify (a prefix); all by default."""
+        return n_drafted
+
+    def end_round(self, outcome: RoundOutcome) -> None:
+        """Feedback after verification."""
+
+    def fresh(self) -> Policy:
+        """An independent copy (same knobs and current state)."""
+        return copy.deepcopy(self)
+
+
+@dataclass
+class Constant(Policy):
+    """Draft ``k`` tokens every round (within the length budget)."""
+
+    k: int
+
+    def wants_draft(self, n_drafted: int) -> bool:
+        return n_drafted < min(self.k, self._cap)
+
+    def __str__(self) -> str:
+        return f"constant:{self.k}"
+
+
+@dataclass
+class Confidence(Policy):
+    """Draft up to ``k`` tokens; stop after a draft with drafter probability ``q1 < threshold``."""
+
+    threshold: float
+    k: int = DEFAULT_NUM_ASSISTANT_TOKENS
+    _stop: bool = field(default=False, repr=False)
+
+    def start_round(self, cap: int) -> None:
+        super().start_round(cap)
+        self._stop = False
+
+    def wants_draft(self, n_drafted: int) -> bool:
+        return not self._stop and n_drafted < min(self.k, self._cap)
+
+    def observe(self, step: DraftStep) -> None:
+        if step.q1 < self.threshold:
+            self._stop = True
+
+    def __str__(self) -> str:
+        return f"confidence:{_num(self.threshold)}" + ("" if self.k == DEFAULT_NUM_ASSISTANT_TOKENS else f",{self.k}")
+
+
+@dataclass
+class Heuristic(Policy):
+    """transformers' ``heuristic`` schedule: ``K += 2`` after a fully accepted round, else ``K = max(1, K - 1)``.
+
+    ``K`` starts at ``k0`` and is a float truncated by ``int``; ``threshold > 0`` adds the
+    confidence stop of :class:`Confidence`.
+    """
+
+    k0: int = DEFAULT_NUM_ASSISTANT_TOKENS
+    threshold: float = 0.0
+    k: float = field(default=math.nan, repr=False)
+    _stop: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.k):
+            self.k = float(self.k0)
+
+    def start_round(self, cap: int) -> None:
+        super().start_round(cap)
+        self._stop = False
+
+    def wants_draft(self, n_drafted: int) -> bool:
+        return not self._stop and n_drafted < min(int(self.k), self._cap)
+
+    def observe(self, step: DraftStep) -> None:
+        if step.q1 < self.threshold:
+            self._stop = True
+
+    def end_round(self, outcome: RoundOutcome) -> None:
+        if outcome.accepted == outcome.submitted:
+            self.k += 2.0
+        else:
+            self.k = max(1.0, self.k - 1.0)
+
+    def __str__(self) -> str:
+        return f"heuristic:{self.k0}" + (f",{_num(self.threshold)}" if self.threshold > 0 else "")
+
+
+SCORES = ("certificate", "top1", "margin")
+
+
+def greedy_rho(q1: float, q2: float) -> float:
+    """Strict-greedy drafter-side certificate ``-log(1 - (sqrt q1 - sqrt q2)^2)``."""
+    g = (math.sqrt(q1) - math.sqrt(q2)) ** 2
+    return math.inf if g >= 1.0 else -math.log1p(-g)
+
+
+def kl_scale_score(kind: str, step: DraftStep) -> float:
+    """The certificate (nats) a ``cal=kl`` policy compares with the KL distribution.
+
+    ``certificate``: ``step.rho``; ``top1``: the strict-greedy form with ``q(2)`` at its worst case
+    ``min(q1, 1 - q1)``; ``margin``: ``-log(1 - m^2) / 2``, the least strict-greedy certificate
+    over all ``q`` with margin ``m = q1 - q2`` (attained at ``q1 = (1 + m) / 2``, ``q2 = (1 - m) / 2``).
+    """
+    if kind == "certificate":
+        return step.rho
+    if kind == "top1":
+        return greedy_rho(step.q1, min(step.q1, 1.0 - step.q1))
+    m = min(max(step.q1 - step.q2, 0.0), 1.0)
+    return math.inf if m >= 1.0 else -0.5 * math.log1p(-m * m)
+
+
+def unit_score(kind: str, step: DraftStep) -> float:
+    """The score in ``[0, 1]`` a ``cal=bins`` policy bins: ``1 - exp(-rho)``, ``q1`` or ``q1 - q2``."""
+    if kind == "certificate":
+        return 1.0 if math.isinf(step.rho) else -math.expm1(-step.rho)
+    if kind == "top1":
+        return step.q1
+    return step.q1 - step.q2
+
+
+def pava(values: list[float], weights: list[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    out: list[float] = []
+    for m, _, n in blocks:
+        out.extend([m] * int(n))
+    return out
+
+
+SURVIVAL_GRID = np.linspace(0.0, 1.0, 65)
+"""Where the value functions ``W_i(S)`` are tabulated (linear interpolation in between)."""
+
+Law = tuple[np.ndarray, np.ndarray]
+
+
+def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int) -> list[np.ndarray]:
+    """Value functions ``W_0 .. W_kmax`` on :data:`SURVIVAL_GRID`.
+
+    ``W_kmax = 0`` and ``W_i(S) = max(0, E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i)))``, with
+    ``s`` drawn from ``laws[0]`` (values, weights summing to 1) for the first draft of a round and
+    from ``laws[1]`` for later ones.
+    """
+    w_next = np.zeros_like(SURVIVAL_GRID)
+    tables = [w_next]
+    for i in range(kmax - 1, -1, -1):
+        vals, w = laws[0] if i == 0 else laws[1]
+        step = c + verify_cost(i + 1) - verify_cost(i)
+        s_next = SURVIVAL_GRID[:, None] * vals[None, :]
+        cont = ((s_next + np.interp(s_next, SURVIVAL_GRID, w_next)) * w[None, :]).sum(1) - lam * step
+        w_next = np.maximum(cont, 0.0)
+        tables.append(w_next)
+    return tables[::-1]
+
+
+def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int,
+                 tol: float = 1e-4) -> tuple[float, list[np.ndarray]]:
+    """``(lam*, W tables at lam*)``: the root of ``1 - lam + W_0(1; lam) = 0`` by bisection on ``[1, kmax + 1]``.
+
+    ``1 - lam + W_0(1; lam)`` is the best ``E[N] - lam E[C]`` of a round (one target token at cost
+    ``V(0) = 1`` plus the value of drafting); it decreases in ``lam``, and its root is the best
+    tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays.
+    """
+    lo, hi = 1.0, float(kmax + 1)
+    if bellman(lo, laws, c, verify_cost, kmax)[0][-1] <= 0.0:
+        return 1.0, bellman(1.0, laws, c, verify_cost, kmax)
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        if 1.0 - mid + bellman(mid, laws, c, verify_cost, kmax)[0][-1] > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return lo, bellman(lo, laws, c, verify_cost, kmax)
+
+
+@dataclass
+class Calibrated(Policy):
+    """The calibrated cost rule of the module docstring, driven by ``kind`` (``certificate``, ``top1``, ``margin``)."""
+
+    kind: str = "certificate"
+    c: float = 0.28
+    v1: float = 1.5
+    dv: float = 0.025
+    kmax: int = 16
+    prior: float = 0.8
+    n0: float = 4.0
+    bins: int = 16
+    cal: str = "bins"
+    explore: int = 8
+    window: int = 0
+    # running state
+    idle: int = field(default=0, repr=False)  # consecutive rounds that verified no draft
+    scores: list[float] = field(default_factory=list, repr=False)  # score of every verified step (u, or the certificate for cal=kl)
+    accepted: list[float] = field(default_factory=list, repr=False)  # 1.0 / 0.0 per verified step
+    position_one: list[bool] = field(default_factory=list, repr=False)  # whether it was a round's first draft
+    kls: list[float] = field(default_factory=list, repr=False)  # cal=kl: sorted KL(p||q) of verified steps
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCORES:
+            raise ValueError(f"calibrated policy kind must be one of {', '.join(SCORES)}, got {self.kind!r}")
+        if self.cal not in ("bins", "kl"):
+            raise ValueError(f"{self.kind} knob cal must be 'bins' or 'kl', got {self.cal!r}")
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._plan: tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
+        self._steps: list[DraftStep] = []
+        self._surv: list[float] = [1.0]
+        self._exploring = False
+
+    @property
+    def needs_kl(self) -> bool:  # type: ignore[override]
+        return self.cal == "kl"
+
+    @property
+    def needs_certificate(self) -> bool:  # type: ignore[override]
+        return self.kind == "certificate"
+
+    # -- calibration ---------------------------------------------------------------------------
+    def verify_cost(self, k: int) -> float:
+        """``V(k)``: 1 for ``k = 0``, ``v1 + dv (k - 1)`` otherwise."""
+        return 1.0 if k <= 0 else self.v1 + self.dv * (k - 1)
+
+    def _score(self, step: DraftStep) -> float:
+        return kl_scale_score(self.kind, step) if self.cal == "kl" else unit_score(self.kind, step)
+
+    def _cdf(self, x: float | np.ndarray) -> float | np.ndarray:
+        """``F(x)`` from the verified KLs, with ``n0`` pseudo-observations at level ``prior``."""
+        f = np.searchsorted(np.asarray(self.kls), x, side="left")
+        return (f + self.n0 * self.prior) / (len(self.kls) + self.n0)
+
+    def _bin_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(inner edges, rate per bin)``: quantile bins of the verified scores (at most ``bins``, at
+        least 8 steps each), rates with ``n0`` pseudo-steps at ``prior``, made non-decreasing."""
+        if self._table is None:
+            u = np.asarray(self.scores[-self.window:] if self.window else self.scores, dtype=float)
+            flags = np.asarray(self.accepted[-self.window:] if self.window else self.accepted, dtype=float)
+            nb = max(1, min(self.bins, len(u) // 8))
+            edges = np.unique(np.quantile(u, np.linspace(0, 1, nb + 1)[1:-1])) if nb > 1 else np.zeros(0)
+            b = np.searchsorted(edges, u, side="right")
+            n = np.bincount(b, minlength=len(edges) + 1).astype(float)
+            acc = np.bincount(b, weights=flags, minlength=len(edges) + 1)
+            rates = (acc + self.n0 * self.prior) / (n + self.n0)
+            self._table = (edges, np.array(pava(rates.tolist(), (n + self.n0).tolist())))
+        return self._table
+
+    def _lookup(self, x: float | np.ndarray) -> float | np.ndarray:
+        if self.cal == "kl":
+            return self._cdf(x)
+        edges, rates = self._bin_table()
+        return rates[np.searchsorted(edges, x, side="right")]
+
+    def survival(self, step: DraftStep) -> float:
+        """``s_t``: predicted acceptance probability of the drafted token (see ``cal``)."""
+        return float(self._lookup(self._score(step)))
+
+    def _survival_law(self, position_one: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Values and weights of ``s`` over verified steps of one position class, plus ``n0`` at ``prior``."""
+        last = slice(-self.window, None) if self.window else slice(None)
+        mask = np.asarray(self.position_one[last], dtype=bool) == position_one
+        xs = np.asarray(self.scores[last], dtype=float)[mask]
+        vals = np.concatenate([np.asarray(self._lookup(xs), dtype=float).reshape(-1), [self.prior]])
+        w = np.concatenate([np.ones(len(xs)), [self.n0]])
+        # at most 65 support points: s rounded to the survival grid's resolution (1/64)
+        vals, inverse = np.unique(np.round(vals * 64) / 64, return_inverse=True)
+        w = np.bincount(inverse.reshape(-1), weights=w)
+        return vals, w / w.sum()
+
+    def plan(self) -> tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+        """``(lam*, [W_0 .. W_kmax], survival laws)`` for the current calibration (cached until new data)."""
+        if self._plan is None:
+            laws = [self._survival_law(True), self._survival_law(False)]
+            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax)
+            self._plan = (lam, tables, laws)
+        return self._plan
+
+    @property
+    def rate(self) -> float:
+        """``lam*``: the model's optimal tokens per unit cost."""
+        return self.plan()[0]
+
+    # -- the round ---------------------------------------------------------------------------
+    def start_round(self, cap: int) -> None:
+        super().start_round(min(cap, self.kmax))
+        self._steps = []
+        self._surv = [1.0]  # S_0, S_1, ...
+        self._exploring = self.explore > 0 and self.idle >= self.explore
+
+    def _objective(self, k: int, i: int) -> float:
+        lam = self.plan()[0]
+        return sum(self._surv[1:k + 1]) - lam * (self.verify_cost(k) + self.c * i)
+
+    def continuation(self, i: int, surv: float) -> float:
+        """``E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i))`` at ``S = surv``: > 0 iff one more call pays."""
+        lam, tables, laws = self.plan()
+        vals, w = laws[0] if i == 0 else laws[1]
+        s_next = surv * vals
+        step = self.c + self.verify_cost(i + 1) - self.verify_cost(i)
+        return float(((s_next + np.interp(s_next, SURVIVAL_GRID, tables[i + 1])) * w).sum() - lam * step)
+
+    def wants_draft(self, n_drafted: int) -> bool:
+        i = n_drafted
+        if i >= self._cap:
+            return False
+        if self._exploring:
+            return i == 0
+        return self.continuation(i, self._surv[-1]) > 0.0
+
+    def observe(self, step: DraftStep) -> None:
+        self._steps.append(step)
+        self._surv.append(self._surv[-1] * self.survival(step))
+
+    def submit(self, n_drafted: int) -> int:
+        if self._exploring:
+            return n_drafted
+        values = [self._objective(k, n_drafted) for k in range(n_drafted + 1)]
+        return max(range(n_drafted + 1), key=lambda k: (values[k], k))
+
+    def end_round(self, outcome: RoundOutcome) -> None:
+        self.idle = 0 if outcome.submitted else self.idle + 1
+        for j in range(outcome.verified):
+            self.scores.append(self._score(self._steps[j]))
+            self.accepted.append(1.0 if j < outcome.accepted else 0.0)
+            self.position_one.append(j == 0)
+            if self.cal == "kl" and j < len(outcome.kl):
+                bisect.insort(self.kls, outcome.kl[j])
+        if outcome.verified:
+            self._table = None
+            self._plan = None
+
+    def __str__(self) -> str:
+        knobs = []
+        for name, default in _CAL_DEFAULTS.items():
+            value = getattr(self, name)
+            if value != default:
+                knobs.append(f"{name}={value if isinstance(value, str) else _num(value)}")
+        return self.kind + (":" + ",".join(knobs) if knobs else "")
+
+
+_CAL_DEFAULTS: dict[str, Any] = {
+    "c": 0.28, "v1": 1.5, "dv": 0.025, "kmax": 16, "prior": 0.8, "n0": 4.0, "bins": 16, "cal": "bins",
+    "explore": 8, "window": 0,
+}
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+POLICY_FORMS = (
+    "constant:K",
+    "heuristic[:K0[,T]]",
+    "confidence:T[,K]",
+    "certificate[:knob=value,...]",
+    "top1[:knob=value,...]",
+    "margin[:knob=value,...]",
+)
+"""The accepted spec forms; knobs of the calibrated policies: ``c, v1, dv, kmax, prior, n0, bins, cal, explore, window``."""
+
+_NUM = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+
+
+def _int(spec: str, name: str, text: str, lo: int) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < lo:
+        raise ValueError(f"policy {spec!r}: {name} must be an integer >= {lo}, got {text!r}")
+    return int(text)
+
+
+def _float(spec: str, name: str, text: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    if not re.fullmatch(_NUM, text):
+        raise ValueError(f"policy {spec!r}: {name} must be a number, got {text!r}")
+    x = float(text)
+    if not (lo < x if lo_open else lo <= x) or x > hi:
+        interval = f"{'(' if lo_open else '['}{_num(lo)}, {_num(hi) if math.isfinite(hi) else 'inf'}]"
+        raise ValueError(f"policy {spec!r}: {name} must be in {interval}, got {text!r}")
+    return x
+
+
+def _calibrated(spec: str, kind: str, body: str | None, defaults: dict[str, Any]) -> Calibrated:
+    values = dict(_CAL_DEFAULTS)
+    values.update({k: v for k, v in defaults.items() if k in _CAL_DEFAULTS})
+    if body:
+        for item in body.split(","):
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            text = text.strip()
+            if not sep or key not in _CAL_DEFAULTS:
+                raise ValueError(
+                    f"policy {spec!r}: {item!r} is not a knob=value pair with a known knob; "
+                    f"knobs: {', '.join(_CAL_DEFAULTS)}")
+            if key in ("kmax", "bins"):
+                values[key] = _int(spec, key, text, 1)
+            elif key in ("explore", "window"):
+                values[key] = _int(spec, key, text, 0)
+            elif key == "cal":
+                if text not in ("bins", "kl"):
+                    raise ValueError(f"policy {spec!r}: cal must be 'bins' or 'kl', got {text!r}")
+                values[key] = text
+            elif key == "prior":
+                values[key] = _float(spec, key, text, 0.0, 1.0)
+            elif key in ("c", "dv"):
+                values[key] = _float(spec, key, text, 0.0, math.inf)
+            elif key == "v1":
+                values[key] = _float(spec, key, text, 0.0, math.inf, lo_open=True)
+            else:  # n0
+                values[key] = _float(spec, key, text, 0.0, math.inf, lo_open=True)
+    return Calibrated(kind=kind, **values)
+
+
+def parse_policy(spec: str | Policy, **defaults: Any) -> Policy:
+    """Parse a policy spec (see the module docstring); a :class:`Policy` is returned unchanged.
+
+    ``defaults`` override the calibrated policies' knob defaults (e.g. the measured ``c``,
+    ``v1``, ``dv``); knobs written in the spec win. Raises ``ValueError`` naming the bad spec and
+    listing the valid forms.
+    """
+    if isinstance(spec, Policy):
+        return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"policy spec must be a string, got {type(spec).__name__}; expected one of: "
+                         f"{', '.join(POLICY_FORMS)}")
+    unknown = set(defaults) - set(_CAL_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown policy defaults {sorted(unknown)}; knobs: {', '.join(_CAL_DEFAULTS)}")
+    s = spec.strip()
+    name, _, body = s.partition(":")
+    has_body = ":" in s
+    if name == "constant" and has_body:
+        return Constant(_int(spec, "K", body, 0))
+    if name == "heuristic":
+        if not has_body:
+            return Heuristic()
+        parts = body.split(",")
+        if len(parts) > 2:
+            raise ValueError(f"policy {spec!r}: expected heuristic[:K0[,T]]")
+        k0 = _int(spec, "K0", parts[0], 1)
+        t = _float(spec, "T", parts[1], 0.0, 1.0) if len(parts) == 2 else 0.0
+        return Heuristic(k0=k0, threshold=t)
+    if name == "confidence" and has_body:
+        parts = body.split(",")
+        if len(parts) > 2:
+            raise ValueError(f"policy {spec!r}: expected confidence:T[,K]")
+        t = _float(spec, "T", parts[0], 0.0, 1.0)
+        k = _int(spec, "K", parts[1], 1) if len(parts) == 2 else DEFAULT_NUM_ASSISTANT_TOKENS
+        return Confidence(threshold=t, k=k)
+    if name in SCORES:
+        return _calibrated(spec, name, body if has_body else None, defaults)
+    raise ValueError(f"malformed policy spec {spec!r}; expected one of: {', '.join(POLICY_FORMS)}")
