@@ -57,9 +57,13 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
                                              dtype=torch.float32)
             assert drafter is not None
             _, held = corpus_mod.split_corpus(files)
-            # The held-out text is the chat generator's "eval" stream on the held-out stdlib files.
-            chat_eval = chat_mod.conversations(chat_mod.make_material(held), cfg.seed, cfg.eval_conversations, "eval")
-            held_windows = windows(token_stream(tok, chat_eval), cfg.seq_len)
+            if "chat_digest_sha256" in manifest["corpus"]:
+                # A chat build: its held-out text is the chat generator's "eval" stream on the held-out files.
+                held_texts = chat_mod.conversations(chat_mod.make_material(held), cfg.seed, cfg.eval_conversations,
+                                                    "eval")
+            else:  # a build of the earlier, stdlib-only recipe: the held-out files themselves
+                held_texts = [f.text for f in held]
+            held_windows = windows(token_stream(tok, held_texts), cfg.seq_len)
             fresh["figures"] = evaluate_pair(
                 target, drafter, tok, held_windows, cfg.eval_max_tokens,
                 [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
