@@ -1,9 +1,11 @@
 """Configuration of the embedded pair's training recipe.
 
-Two presets: :func:`default_config` (the committed assets) and :func:`shrunk_config` (a few seconds;
-used by the tests and by ``companion retrain --shrink``).
+Two presets: :func:`default_config` (the chat recipe) and :func:`shrunk_config` (a few seconds;
+used by the tests and by ``companion retrain --shrink``). The committed ``companion/assets/default_pair``
+is still the earlier build (650 steps on standard-library source only; its manifest holds its config):
+the first chat build, below, missed the regime targets.
 
-The committed pair is rebuilt, offline and bit for bit (same package versions, one thread), by::
+The chat pair is built, offline and deterministically (same package versions, one thread), by::
 
     companion retrain --out companion/assets/default_pair --checkpoint-dir runs/default_pair_ckpt --no-progress
 
@@ -100,7 +102,7 @@ class TrainConfig:
 
 
 def default_config() -> TrainConfig:
-    """The recipe of the committed ``companion/assets/default_pair``."""
+    """The chat recipe (the committed pair predates it: see the module docstring)."""
     return TrainConfig()
 
 
