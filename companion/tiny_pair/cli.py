@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``retrain`` and ``pair-report`` subcommands."""
     p = subparsers.add_parser(
         "retrain",
-        help="rebuild the embedded target/drafter pair from the Python standard library (offline, seeded)",
+        help="rebuild the embedded target/drafter pair (rule-generated chat corpus + Python standard library; "
+             "offline, seeded)",
         description="Train the tokenizer, the target and the distilled drafter, then write the pair, the default "
                     "prompts and manifest.json to --out (built in a staging folder, renamed into place at the end). "
                     "To regenerate the committed assets: --out companion/assets/default_pair.",
@@ -34,7 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="load tokenizer and target from a finished build instead of retraining them; refused unless "
                         "that build used the same target-side config, corpus and package versions (for iterating on "
                         "the drafter stage)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR",
+                   help="save each training stage's state here every 200 steps and resume from it: after an "
+                        "interruption, rerun the same command (the result equals an uninterrupted run)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (a log line every 50 steps)")
     p.set_defaults(func=cmd_retrain)
 
     r = subparsers.add_parser(
@@ -62,7 +66,8 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     # SIGTERM (e.g. a job runner's timeout) becomes SystemExit, so the staging folder is cleaned up.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        result = build_pair(cfg, args.out, progress=not args.no_progress, reuse_target=args.reuse_target)
+        result = build_pair(cfg, args.out, progress=not args.no_progress, reuse_target=args.reuse_target,
+                            checkpoint_dir=args.checkpoint_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(f"wrote {result.out_dir}")
@@ -154,6 +159,16 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
         ):
             out.append(f"  {label:<40} {_fmt(s.get(key)):>8}" + (f"  {_fmt(fs.get(key)):>8}" if fs else ""))
     out.append("  (Qwen3 on chat prompts, for comparison: top-1 prob mean ~0.85, median ~0.97, 5th pct ~0.35)")
+    r = fig.get("regime")
+    if r:
+        out.append(f"\nregime: target's own greedy answers to {r['n_prompts']} chat prompts, at most {r['max_steps']} "
+                   f"steps, stop at EOS ({r['n_steps']} steps)")
+        for label, key in (("top-1 probability: mean", "top1_mean"), ("top-1 probability: median", "top1_median"),
+                           ("top-10 mass: mean", "top10_mass_mean"),
+                           ("strict-greedy certificate: median (nats)", "greedy_certificate_median"),
+                           ("answers ending with EOS", "eos_rate"), ("mean answer length (steps)", "answer_length_mean"),
+                           ("drafter greedy token accepted (strict greedy)", "drafter_greedy_acceptance")):
+            out.append(f"  {label:<46} {_fmt(r.get(key)):>8}")
     sp, fsp = m.get("speed") or {}, f.get("speed") or {}
     if sp or fsp:
         out.append(f"\nspeed ({(fsp or sp).get('device')}, {(fsp or sp).get('torch_threads')} threads, batch 1, KV cache)"

@@ -210,3 +210,123 @@ def measure_speed(pair_dir, prompts: list[str], new_tokens: int = 128, device: s
         "target_greedy_tokens_per_s": round(greedy_tokens_per_second(target, tok, prompts, new_tokens), 1),
         "drafter_greedy_tokens_per_s": round(greedy_tokens_per_second(drafter, tok, prompts, new_tokens), 1),
     }
+
+
+@torch.no_grad()
+def regime(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_steps: int = 128,
+    eos_ids: list[int] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The target's regime on its own greedy answers: what the harvest measures, in one pass.
+
+    Each prompt is continued greedily by the target for at most ``max_steps`` tokens, stopping at
+    the first EOS (that step included). At every step, with ``p`` the target's distribution:
+    ``p(1)``, the top-10 mass, the strict-greedy certificate
+    ``rho*(p) = min_q { KL(p || q) : argmax q != argmax p } = p(1) log(2 p(1) / (p(1) + p(2))) +
+    p(2) log(2 p(2) / (p(1) + p(2)))`` (computed by :func:`companion.certificates.certificate`), and
+    whether the drafter's greedy token is accepted by strict greedy (``p_y >= p(1)``).
+    """
+    from companion.certificates import certificate
+    from companion.criteria import parse_criterion
+
+    greedy = parse_criterion("greedy")
+    eos = sorted(set(eos_ids if eos_ids is not None else _eos_ids(target, tokenizer)))
+    p1s, top10s, certs, acc, lengths, ended = [], [], [], [], [], []
+    for text in tqdm(prompts, desc="regime", disable=not progress):
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        n = ids.shape[1]
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
+                              eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        gen = seq[0, n:]
+        hits = [i for i, t in enumerate(gen.tolist()) if t in eos]
+        k = hits[0] + 1 if hits else gen.numel()
+        seq = seq[:, : n + k]
+        lp = target(input_ids=seq).logits[0, n - 1:-1].double()
+        probs = torch.softmax(lp, -1)
+        top = probs.topk(10, dim=-1).values
+        p1s.append(top[:, 0].numpy())
+        top10s.append(top.sum(-1).numpy())
+        certs.append(certificate(lp, "greedy", from_logits=True).numpy())
+        if drafter is not None:
+            lq = drafter(input_ids=seq).logits[0, n - 1:-1]
+            acc.append(greedy.accepts(lp, lq.argmax(-1), from_logits=True).numpy())
+        lengths.append(k)
+        ended.append(bool(hits))
+    p1, cert = np.concatenate(p1s), np.concatenate(certs)
+    qs = (5, 10, 25, 50, 75, 90)
+    out: dict[str, Any] = {
+        "n_prompts": len(prompts),
+        "max_steps": max_steps,
+        "n_steps": int(p1.size),
+        "top1_mean": float(p1.mean()),
+        "top1_median": float(np.median(p1)),
+        "top1_quantiles": {str(q): float(np.percentile(p1, q)) for q in qs},
+        "top10_mass_mean": float(np.concatenate(top10s).mean()),
+        "top10_mass_median": float(np.median(np.concatenate(top10s))),
+        "greedy_certificate_median": float(np.median(cert)),
+        "greedy_certificate_quantiles": {str(q): float(np.percentile(cert, q)) for q in qs},
+        "eos_rate": float(np.mean(ended)),
+        "answer_length_mean": float(np.mean(lengths)),
+        "drafter_greedy_acceptance": float(np.concatenate(acc).mean()) if acc else None,
+    }
+    return _rounded(out)
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids: set[int] = set()
+    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return sorted(ids)
+
+
+@torch.no_grad()
+def assisted_acceptance(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    num_assistant_tokens: int = 4,
+    max_new_tokens: int = 128,
+    eos_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """Hugging Face assisted generation (greedy) with a constant ``num_assistant_tokens`` drafts per round.
+
+    A round is one target forward pass (counted with a forward hook): it verifies the drafts and adds
+    one token of the target's own, so per prompt ``accepted = new_tokens - rounds``. The drafter's
+    confidence-based early stop is disabled (``assistant_confidence_threshold = 0``) so every round
+    proposes exactly ``num_assistant_tokens`` drafts (fewer only at the length limit). Returns the
+    mean accepted drafts per round and the mean new tokens per round, pooled over prompts.
+    """
+    eos = sorted(set(eos_ids if eos_ids is not None else _eos_ids(target, tokenizer)))
+    gc = drafter.generation_config
+    saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = num_assistant_tokens, "constant"
+    gc.assistant_confidence_threshold = 0.0
+    calls = [0]
+    handle = target.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    rounds = new = 0
+    try:
+        for text in prompts:
+            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            calls[0] = 0
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter,
+                                  num_assistant_tokens=num_assistant_tokens,
+                                  num_assistant_tokens_schedule="constant", do_sample=False,
+                                  max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                  pad_token_id=tokenizer.pad_token_id)
+            rounds += calls[0]
+            new += out.shape[1] - ids.shape[1]
+    finally:
+        handle.remove()
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = saved
+    return _rounded({"num_assistant_tokens": num_assistant_tokens, "n_prompts": len(prompts), "rounds": rounds,
+                     "new_tokens": new, "accepted_per_round": (new - rounds) / rounds,
+                     "tokens_per_round": new / rounds})

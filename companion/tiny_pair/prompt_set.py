@@ -1,4 +1,8 @@
-"""Deterministic construction of the default prompt set from held-out source files.
+"""Code prompts from held-out source files, and the prompt file writer.
+
+The default prompt set is now built by :func:`companion.tiny_pair.chat_corpus.build_chat_prompts`
+(held-out chat user turns); :func:`build_prompts` is the rule of the previous, code-only default,
+kept for building code prompt sets.
 
 Rule: in each held-out file (sorted order), a candidate starts at a line that opens a definition
 (``def``, ``async def``, ``class``, at any indentation) and takes whole lines until it has at

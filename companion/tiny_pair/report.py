@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import TrainConfig
 
@@ -27,7 +28,8 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
 
     ``fresh`` holds ``files_ok``/``files_bad`` (sha256 check), and when asked ``figures``
     (held-out and greedy figures recomputed with the saved weights in float32 on the CPU, on this
-    interpreter's standard library; ``corpus_note`` says whether it is the training corpus) and
+    interpreter's standard library and the chat generator; ``corpus_note`` says whether it is the training
+    corpus) and
     ``speed`` (load time and greedy tokens/s).
     """
     import torch
@@ -55,7 +57,13 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
                                              dtype=torch.float32)
             assert drafter is not None
             _, held = corpus_mod.split_corpus(files)
-            held_windows = windows(token_stream(tok, [f.text for f in held]), cfg.seq_len)
+            if "chat_digest_sha256" in manifest["corpus"]:
+                # A chat build: its held-out text is the chat generator's "eval" stream on the held-out files.
+                held_texts = chat_mod.conversations(chat_mod.make_material(held), cfg.seed, cfg.eval_conversations,
+                                                    "eval")
+            else:  # a build of the earlier, stdlib-only recipe: the held-out files themselves
+                held_texts = [f.text for f in held]
+            held_windows = windows(token_stream(tok, held_texts), cfg.seq_len)
             fresh["figures"] = evaluate_pair(
                 target, drafter, tok, held_windows, cfg.eval_max_tokens,
                 [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,

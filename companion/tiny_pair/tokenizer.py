@@ -8,22 +8,45 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-EOS_TOKEN = "<|endoftext|>"  # same spelling as Qwen3's document separator
+DOC_SEPARATOR = "<|endoftext|>"  # same spelling as Qwen3's document separator
 PAD_TOKEN = "<|pad|>"
-SPECIAL_TOKENS: tuple[str, ...] = (EOS_TOKEN, PAD_TOKEN)
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # chat turns, as in Qwen3
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EOS_TOKEN = IM_END  # the end of an assistant answer, as in Qwen3's chat models
+SPECIAL_TOKENS: tuple[str, ...] = (DOC_SEPARATOR, PAD_TOKEN, IM_START, IM_END, THINK_OPEN, THINK_CLOSE)
+
+#: Qwen3-style chat template. The model has no thinking mode: the assistant's turn always opens with an
+#: empty ``<think>`` block, which is what Qwen3's template writes under ``enable_thinking=False``.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}"
+)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``texts``.
 
-    Special tokens get ids 0 and 1; the 256 byte symbols follow, then merges in training order.
+    Special tokens get ids 0..5 (:data:`SPECIAL_TOKENS`); the 256 byte symbols follow, then merges
+    in training order. Runs of newlines are split off before the GPT-2 style split, so a prompt that
+    ends with ``"\\n\\n"`` is tokenized as a prefix of the same text followed by its answer.
     """
     tok = Tokenizer(models.BPE())
     # GPT-2 style split regex: whitespace runs (indentation) stay separate from words.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("\n+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -44,5 +67,7 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
         pad_token=PAD_TOKEN,
         clean_up_tokenization_spaces=False,  # source code: never rewrite " ," etc. on decode
         model_max_length=1 << 30,
+        additional_special_tokens=[IM_START, THINK_OPEN, THINK_CLOSE, DOC_SEPARATOR],
     )
+    fast.chat_template = CHAT_TEMPLATE
     return fast

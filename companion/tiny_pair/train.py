@@ -29,11 +29,12 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
-from companion.tiny_pair.evaluate import evaluate_pair, measure_speed
-from companion.tiny_pair.prompt_set import build_prompts, write_prompts_jsonl
-from companion.tiny_pair.tokenizer import train_bpe, wrap
+from companion.tiny_pair.evaluate import evaluate_pair, measure_speed, regime
+from companion.tiny_pair.prompt_set import write_prompts_jsonl
+from companion.tiny_pair.tokenizer import DOC_SEPARATOR, train_bpe, wrap
 
 MANIFEST_NAME = "manifest.json"
 PROMPTS_NAME = "prompts.jsonl"
@@ -89,8 +90,13 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def make_model(spec: ModelSpec, cfg: TrainConfig, vocab_size: int, eos_id: int, pad_id: int) -> Qwen3ForCausalLM:
-    """A freshly initialised ``Qwen3ForCausalLM`` of the given shape (weights from the current RNG state)."""
+def make_model(spec: ModelSpec, cfg: TrainConfig, vocab_size: int, eos_id: int, pad_id: int,
+               stop_ids: list[int] | None = None) -> Qwen3ForCausalLM:
+    """A freshly initialised ``Qwen3ForCausalLM`` of the given shape (weights from the current RNG state).
+
+    ``eos_id`` goes to the model config; generation stops at ``stop_ids`` (default ``[eos_id]``), as
+    Qwen3's chat models stop at ``<|im_end|>`` or ``<|endoftext|>``.
+    """
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -109,7 +115,7 @@ def make_model(spec: ModelSpec, cfg: TrainConfig, vocab_size: int, eos_id: int, 
         use_cache=True,
     )
     model = Qwen3ForCausalLM(config)
-    model.generation_config.eos_token_id = eos_id
+    model.generation_config.eos_token_id = stop_ids if stop_ids else eos_id
     model.generation_config.pad_token_id = pad_id
     return model
 
@@ -120,9 +126,9 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
-    """All texts tokenised and joined into one 1-D stream, each followed by eos (the document separator)."""
+    """All texts tokenised and joined into one 1-D stream, each followed by ``<|endoftext|>`` (the document separator)."""
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
+    eos = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
     flat: list[int] = []
     for seq in ids:
         flat.extend(seq)
@@ -173,13 +179,30 @@ def _run_stage(
     loss_fn,
     desc: str,
     progress: bool,
+    checkpoint: Path | None = None,
+    checkpoint_every: int = 200,
 ) -> StageLog:
+    """Train ``model`` for ``st.steps`` steps; with ``checkpoint``, save there every ``checkpoint_every`` steps
+    and resume from it when it exists (the batch order is replayed, so a resumed run equals an uninterrupted one)."""
     log = StageLog()
     opt = _optimizer(model, st)
+    start = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start, log.losses, log.tokens, log.seconds = state["step"], state["losses"], state["tokens"], state["seconds"]
     model.train()
-    t0 = time.perf_counter()
-    bar = tqdm(total=st.steps, desc=desc, disable=not progress, dynamic_ncols=True)
+    t0 = time.perf_counter() - log.seconds
+    bar = tqdm(total=st.steps, initial=start, desc=desc, disable=not progress, dynamic_ncols=True)
     for step, idx in enumerate(batch_order(data.shape[0], st.steps, st.batch_size, generator)):
+        if step < start:
+            continue
+        if checkpoint is not None and step > start and step % checkpoint_every == 0:
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "losses": log.losses,
+                        "tokens": log.tokens, "seconds": time.perf_counter() - t0}, tmp)
+            os.replace(tmp, checkpoint)
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, st)
         batch = data[idx]
@@ -193,6 +216,9 @@ def _run_stage(
         bar.update(1)
         if step % 10 == 0:
             bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
+        if not progress and step % 50 == 0:
+            print(f"{desc} step {step}/{st.steps} loss {log.losses[-1]:.4f} "
+                  f"{time.perf_counter() - t0:.0f}s", flush=True)
     bar.close()
     log.seconds = time.perf_counter() - t0
     model.eval()
@@ -282,13 +308,15 @@ def build_pair(
     stdlib: Path | None = None,
     log=print,
     reuse_target: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
 ) -> BuildResult:
     """Train tokenizer, target and drafter from ``cfg``; write the pair, prompts and manifest to ``out_dir``.
 
     Nothing is left half-written: all output goes to a staging folder beside ``out_dir`` that is
     renamed into place at the end (and removed on failure). ``reuse_target``: a finished pair folder
     whose tokenizer and target this config would reproduce exactly (checked); they are loaded instead
-    of retrained, to iterate on the drafter stage.
+    of retrained, to iterate on the drafter stage. ``checkpoint_dir``: where each stage saves its state
+    every 200 steps and resumes from (rerun the same command after an interruption).
     """
     out_dir = Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +324,8 @@ def build_pair(
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary shared folder
     try:
         result = _build_into(cfg, staging, progress=progress, stdlib=stdlib, log=log,
-                             reuse_target=Path(reuse_target).resolve() if reuse_target is not None else None)
+                             reuse_target=Path(reuse_target).resolve() if reuse_target is not None else None,
+                             checkpoint_dir=Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None)
         atomic_replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -307,7 +336,8 @@ def build_pair(
 
 # Config fields that determine the tokenizer and the target; a target may be reused only if they all match.
 TARGET_FIELDS: tuple[str, ...] = ("seed", "vocab_size", "max_files", "seq_len", "max_position_embeddings",
-                                  "rope_theta", "target", "target_stage", "save_dtype", "num_threads")
+                                  "rope_theta", "target", "target_stage", "save_dtype", "num_threads",
+                                  "chat_conversations", "natural_share")
 
 
 def _check_reusable(cfg: TrainConfig, pair_dir: Path, digest: str) -> dict[str, Any]:
@@ -335,8 +365,25 @@ def _check_reusable(cfg: TrainConfig, pair_dir: Path, digest: str) -> dict[str, 
     return manifest
 
 
+def _chat_stream_windows(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast, chat_texts: list[str],
+                         natural_texts: list[str]) -> tuple[torch.Tensor, int, int]:
+    """Training windows: every window of the chat stream plus a seeded sample of natural-text windows.
+
+    The natural windows make up ``cfg.natural_share`` of the result (all of them if there are fewer).
+    Returns ``(windows, chat_tokens, natural_tokens)`` with the token counts of the two streams.
+    """
+    chat_stream = token_stream(tokenizer, chat_texts)
+    nat_stream = token_stream(tokenizer, natural_texts)
+    chat_w = windows(chat_stream, cfg.seq_len)
+    nat_w = windows(nat_stream, cfg.seq_len)
+    share = cfg.natural_share
+    k = 0 if share <= 0 else min(nat_w.shape[0], round(share / (1 - share) * chat_w.shape[0]))
+    pick = torch.randperm(nat_w.shape[0], generator=torch.Generator().manual_seed(cfg.seed + 2))[:k]
+    return torch.cat([chat_w, nat_w[pick.sort().values]]), int(chat_stream.numel()), int(nat_stream.numel())
+
+
 def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | None, log,
-                reuse_target: Path | None = None) -> BuildResult:
+                reuse_target: Path | None = None, checkpoint_dir: Path | None = None) -> BuildResult:
     t_start = time.perf_counter()
     save_dtype = getattr(torch, cfg.save_dtype)
     with torch_threads(cfg.num_threads):
@@ -347,28 +394,39 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
             raise RuntimeError("corpus selection left an empty train or held-out split; raise max_files")
         digest = corpus_mod.corpus_digest(files)
         log(f"corpus: {len(files)} files ({len(train_files)} train, {len(held_files)} held out), digest {digest[:16]}")
+        mat_train, mat_held = chat_mod.make_material(train_files), chat_mod.make_material(held_files)
+        chat_train = chat_mod.conversations(mat_train, cfg.seed, cfg.chat_conversations, "train")
+        chat_eval = chat_mod.conversations(mat_held, cfg.seed, cfg.eval_conversations, "eval")
+        chat_digest = hashlib.sha256("\x00".join(chat_train + chat_eval).encode("utf-8")).hexdigest()
+        log(f"chat corpus: {len(chat_train)} training conversations from {len(mat_train.units)} stdlib units, "
+            f"digest {chat_digest[:16]}")
 
         # --- tokenizer (trained on the training split only)
         reused = _check_reusable(cfg, Path(reuse_target), digest) if reuse_target is not None else None
+        natural = [f.text for f in train_files]
         if reused is None:
-            tokenizer = train_bpe([f.text for f in train_files], cfg.vocab_size)
+            tokenizer = train_bpe(natural + chat_train, cfg.vocab_size)
         else:
             # Rebuilt exactly as train_bpe returns it, so every saved tokenizer file is byte-identical.
             tokenizer = wrap(Tokenizer.from_file(str(Path(reuse_target) / "tokenizer" / "tokenizer.json")))
         tokenizer.save_pretrained(root / "tokenizer")
-        train_stream = token_stream(tokenizer, [f.text for f in train_files])
-        held_stream = token_stream(tokenizer, [f.text for f in held_files])
-        train_windows = windows(train_stream, cfg.seq_len)
-        log(f"tokenizer: {len(tokenizer)} tokens; train {train_stream.numel()} tokens, held-out {held_stream.numel()}")
+        train_windows, chat_tokens, natural_tokens = _chat_stream_windows(cfg, tokenizer, chat_train, natural)
+        held_stream = token_stream(tokenizer, chat_eval)
+        log(f"tokenizer: {len(tokenizer)} tokens; chat {chat_tokens} tokens, natural {natural_tokens}, "
+            f"{train_windows.shape[0]} training windows; held-out {held_stream.numel()}")
 
         # --- target: next-token cross entropy
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        stop_ids = [eos, tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)]
+        ckpt = (lambda name: None if checkpoint_dir is None else Path(checkpoint_dir) / f"{name}.pt")
+        if checkpoint_dir is not None:
+            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
         if reused is None:
             torch.manual_seed(cfg.seed)
-            target = make_model(cfg.target, cfg, len(tokenizer), eos, pad)
+            target = make_model(cfg.target, cfg, len(tokenizer), eos, pad, stop_ids)
             gen = torch.Generator().manual_seed(cfg.seed)
             target_log: StageLog | None = _run_stage(target, train_windows, cfg.target_stage, gen, lm_loss, "target",
-                                                     progress)
+                                                     progress, checkpoint=ckpt("target"))
             _round_trip_dtype(target, save_dtype)
             target_summary = target_log.summary()
         else:
@@ -381,13 +439,15 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         log(f"target: {n_params(target):,} params, loss {target_summary['first_loss_mean']} -> "
             f"{target_summary['last_loss_mean']} in {target_summary['seconds']}s"
             + (" (reused)" if reused is not None else ""))
+        if checkpoint_dir is not None and reused is None:
+            _save_model(target, tokenizer, Path(checkpoint_dir) / "target-final", save_dtype)
 
         # --- drafter: distillation from the (storage-rounded) target
         torch.manual_seed(cfg.seed + 1)
-        drafter = make_model(cfg.drafter, cfg, len(tokenizer), eos, pad)
+        drafter = make_model(cfg.drafter, cfg, len(tokenizer), eos, pad, stop_ids)
         gen = torch.Generator().manual_seed(cfg.seed + 1)
         drafter_log = _run_stage(drafter, train_windows, cfg.drafter_stage, gen, distill_loss_fn(target),
-                                 "drafter (distill)", progress)
+                                 "drafter (distill)", progress, checkpoint=ckpt("drafter"))
         _round_trip_dtype(drafter, save_dtype)
         log(f"drafter: {n_params(drafter):,} params, KL {drafter_log.summary()['first_loss_mean']} -> "
             f"{drafter_log.summary()['last_loss_mean']} in {drafter_log.seconds:.0f}s")
@@ -395,30 +455,51 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         _save_model(target, tokenizer, root / "target", save_dtype)
         _save_model(drafter, tokenizer, root / "drafter", save_dtype)
 
-        # --- prompts and held-out figures
-        prompts = build_prompts(held_files, tokenizer, cfg.n_prompts, cfg.prompt_min_tokens, cfg.prompt_max_tokens)
+        # --- prompts and figures
+        prompts = chat_mod.build_chat_prompts(mat_held, tokenizer, cfg.seed, cfg.n_prompts, cfg.prompt_min_tokens,
+                                              cfg.prompt_max_tokens)
         write_prompts_jsonl(prompts, root / PROMPTS_NAME)
         figures = evaluate_pair(
             target, drafter, tokenizer, windows(held_stream, cfg.seq_len), cfg.eval_max_tokens,
             [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
-        )
+        ).to_dict()
+        figures["regime"] = regime(target, drafter, tokenizer, [p.text for p in prompts[: cfg.regime_prompts]],
+                                   cfg.regime_steps, stop_ids, progress=progress)
+        log(f"regime: {json.dumps(figures['regime'])}")
         speed = measure_speed(root, [p.text for p in prompts[:3]], new_tokens=cfg.greedy_steps)
 
     manifest = {
         "name": "default",
-        "description": "Embedded Qwen3ForCausalLM target/drafter pair trained offline on the Python standard "
-                       "library source; the drafter is distilled from the target (forward KL).",
+        "description": "Embedded Qwen3ForCausalLM target/drafter pair trained offline on a rule-generated chat corpus "
+                       "(answers mostly determined by their prompts: a stand-in for a chat LLM's greedy regime) mixed "
+                       "with Python standard library source; the drafter is distilled from the target (forward KL).",
         "seed": cfg.seed,
         "config": cfg.to_dict(),
         "corpus": {
-            "source": "stdlib .py files of the training interpreter (companion.tiny_pair.corpus)",
+            "sources": [
+                {"name": "Python standard library source", "what": "plain training text, and the code snippets, "
+                 "docstrings and identifiers used inside chat conversations", "licence": "PSF-2.0 (Python Software "
+                 "Foundation License)", "origin": "the .py files of the training interpreter (companion.tiny_pair.corpus)"},
+                {"name": "rule-generated chat conversations", "what": "questions and answers generated by "
+                 "companion.tiny_pair.chat_corpus from word lists written for it and the material above",
+                 "licence": "generated by this package's code; same licence as the package"},
+            ],
+            "chat_template": "Qwen3 style, thinking disabled: <|im_start|>user ... <|im_end|> <|im_start|>assistant "
+                             "<think></think> answer <|im_end|>",
+            "chat_tasks": {name: w for name, (_, w) in chat_mod.TASKS.items()},
+            "chat_train_conversations": len(chat_train),
+            "chat_eval_conversations": len(chat_eval),
+            "chat_digest_sha256": chat_digest,
+            "chat_tokens": chat_tokens,
+            "natural_tokens_available": natural_tokens,
+            "natural_share_of_windows": cfg.natural_share,
+            "training_windows": int(train_windows.shape[0]),
             "python": platform.python_version(),
             "digest_sha256": digest,
             "n_files": len(files),
             "held_out_rule": f"sha256(relpath)[:8] as int % 100 < {corpus_mod.HELD_OUT_PERCENT}",
             "train_files": len(train_files),
             "held_out_files": [f.relpath for f in held_files],
-            "train_tokens": int(train_stream.numel()),
             "held_out_tokens": int(held_stream.numel()),
             "files": [f.relpath for f in files],
         },
@@ -436,8 +517,10 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         },
         "prompts": {"file": PROMPTS_NAME, "count": len(prompts), "sha256": sha256_file(root / PROMPTS_NAME),
+                    "rule": "user turns of the chat generator's 'prompts' stream on held-out stdlib material, "
+                            "kept when their templated length is within min..max tokens",
                     "min_tokens": min(p.n_tokens for p in prompts), "max_tokens": max(p.n_tokens for p in prompts)},
-        "figures": figures.to_dict(),
+        "figures": figures,
         "speed": speed,
         "versions": package_versions(),
         "files_sha256": file_hashes(root),

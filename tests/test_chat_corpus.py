@@ -1,0 +1,136 @@
+"""The rule-generated chat corpus: format, determinism, and the answers' correctness checked by parsing."""
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from companion.tiny_pair import chat_corpus as cc
+from companion.tiny_pair import corpus as corpus_mod
+from companion.tiny_pair.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, train_bpe
+
+
+@pytest.fixture(scope="module")
+def material() -> cc.Material:
+    return cc.make_material(corpus_mod.load_corpus(max_files=24))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(material: cc.Material):
+    texts = cc.conversations(material, 0, 300) + [f.text for f in corpus_mod.load_corpus(max_files=8)]
+    return train_bpe(texts, 600)
+
+
+def _items(s: str) -> list[str]:
+    return [x.strip() for x in re.split(r", |; | \| |\n", s) if x.strip()]
+
+
+def test_generate_is_a_pure_function_of_seed_index_and_stream(material: cc.Material) -> None:
+    assert cc.generate(material, 3, 17) == cc.generate(material, 3, 17)
+    a = [cc.generate(material, 0, i) for i in range(50)]
+    assert a != [cc.generate(material, 1, i) for i in range(50)]
+    assert a != [cc.generate(material, 0, i, "prompts") for i in range(50)]
+
+
+def test_every_task_occurs_and_conversations_have_the_chat_shape(material: cc.Material) -> None:
+    seen = set()
+    for i in range(3000):
+        task, q, a = cc.generate(material, 0, i)
+        seen.add(task)
+        text = cc.conversation(q, a)
+        assert text.startswith("<|im_start|>user\n") and text.endswith(a + EOS_TOKEN)
+        assert text.count("<|im_start|>") == 2 and text.count(EOS_TOKEN) == 2
+    assert seen == set(cc.TASKS)
+
+
+def test_template_renders_exactly_the_training_prompt(tokenizer, material: cc.Material) -> None:
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    for i in range(20):
+        _, q, a = cc.generate(material, 0, i)
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                 add_generation_prompt=True)
+        assert rendered == cc.user_turn(q)
+        full = tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+                                             tokenize=False)
+        assert full == cc.conversation(q, a) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_prompt_tokens_are_a_prefix_of_the_conversation_tokens(tokenizer, material: cc.Material, i: int) -> None:
+    """Decoding starts where training saw the answer start: no token straddles the prompt's end."""
+    _, q, a = cc.generate(material, 0, i)
+    p = tokenizer(cc.user_turn(q), add_special_tokens=False)["input_ids"]
+    full = tokenizer(cc.conversation(q, a), add_special_tokens=False)["input_ids"]
+    assert full[: len(p)] == p
+    assert full[-1] == tokenizer.convert_tokens_to_ids(EOS_TOKEN) == tokenizer.eos_token_id
+
+
+def _by_task(material: cc.Material, name: str, n: int = 40) -> list[tuple[str, str]]:
+    fn = cc.TASKS[name][0]
+    return [fn(random.Random(f"test:{name}:{i}"), material) for i in range(n)]
+
+
+def _strip_lead(a: str) -> str:
+    return a.split(": ", 1)[1] if ": " in a and a.index(": ") < 30 else a
+
+
+def test_list_transformations_are_correct(material: cc.Material) -> None:
+    for q, a in _by_task(material, "upper"):
+        src = _items(q.split(": ", 1)[1] if ": " in q else q.split("\n", 1)[1])
+        assert _items(_strip_lead(a)) == [x.upper() for x in src]
+    for q, a in _by_task(material, "reverse"):
+        assert _items(_strip_lead(a)) == _items(q.split(": ", 1)[1])[::-1]
+    for q, a in _by_task(material, "sort"):
+        got = _items(_strip_lead(a))
+        assert got == sorted(_items(q.split(": ", 1)[1]), key=str.lower)
+    for q, a in _by_task(material, "number"):
+        lines = [ln for ln in a.split("\n") if re.match(r"\d+\. ", ln)]
+        assert [ln.split(". ", 1)[1] for ln in lines] == _items(q.split(": ", 1)[1])
+        assert [int(ln.split(".")[0]) for ln in lines] == list(range(1, len(lines) + 1))
+
+
+def test_arithmetic_and_conversions_are_correct(material: cc.Material) -> None:
+    for q, a in _by_task(material, "arith", 200):
+        x, op, y = re.search(r"(\d+) ([-+x]) (\d+)", q).groups()
+        want = {"+": int(x) + int(y), "-": int(x) - int(y), "x": int(x) * int(y)}[op]
+        assert int(re.findall(r"-?\d+", a)[-1]) == want
+    factors = {(s, d): f for s, d, f in cc.UNITS}
+    for q, a in _by_task(material, "convert", 200):
+        m = re.search(r"(\d+) (\w+) (?:to|in) (\w+)", q) or re.search(r"many (\w+) are in (\d+) (\w+)", q)
+        if m.re.pattern.startswith("many"):
+            dst, x, src = m.groups()
+        else:
+            x, src, dst = m.groups()
+        assert int(re.findall(r"\d+", a)[-1]) == int(x) * factors[(src, dst)]
+
+
+def test_lookup_answers_the_asked_field(material: cc.Material) -> None:
+    for q, a in _by_task(material, "lookup", 100):
+        key = re.search(r"(?:What is the|value of|the field) (\w+)", q).group(1)
+        pairs = dict(re.findall(r'"?(\w+)"?\s*[:=]\s*"?([\w ]+?)"?(?=[,;}\n]|$)', q))
+        assert a.endswith(pairs[key]) or a.endswith(pairs[key] + ".")
+
+
+def test_code_names_are_the_defined_names(material: cc.Material) -> None:
+    import ast
+
+    for q, a in _by_task(material, "code_names", 30):
+        src = q.split("```python\n", 1)[1].split("\n```", 1)[0]
+        names = [n.name for n in ast.walk(ast.parse(src))
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        assert re.findall(r"`(\w+)`", a) == names
+
+
+def test_chat_prompts_respect_lengths_and_are_deterministic(tokenizer, material: cc.Material) -> None:
+    ps = cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90)
+    assert len(ps) == 12 and ps == cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90)
+    for p in ps:
+        assert 40 <= p.n_tokens <= 90 == 90
+        assert p.n_tokens == len(tokenizer(p.text, add_special_tokens=False)["input_ids"])
+        assert p.text.endswith(cc.GENERATION_PREFIX) and p.source.startswith("chat:")
+    with pytest.raises(ValueError, match="were asked for"):
+        cc.build_chat_prompts(material, tokenizer, 0, 5, 5000, 6000, max_tries=50)
