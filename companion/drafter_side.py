@@ -49,6 +49,12 @@ tokens):
   (``KL(r||qbar) = -H(r) - log qbar(1)``), searched the same way. When the entropy condition
   is slack this is the Bernoulli projection ``KL(E || q(1))``.
 
+Greedy, top-m and trees are the target side's reverse-divergence formulas with ``q`` in the
+place of ``p``: ``topm:M`` is the reverse greedy-tree certificate of width ``M`` (``M = 1``:
+greedy), and ``tree:M`` is the reverse cost of lifting ``q``'s ``(M+1)``-th token to the top
+(the reverse ``topm:M`` certificate of ``q`` when ``q(M) > q(M+1)``; with a tie there the
+worst tree leaves out a token as likely as one it keeps, and the cost is that token's).
+
 The runner-up is the best competitor in every case: swapping the target masses of two
 competitors ``z, z'`` with ``q_z' >= q_z`` changes ``KL(p||q)`` by
 ``-(p_z - p_z')(log q_z' - log q_z) <= 0`` whenever ``p_z >= p_z'``. The derivations, in
@@ -59,6 +65,11 @@ Precision: a pooled normaliser is ``Z = 1 - E`` with the "excess" ``E = G sum w 
 ``E <= 1/2`` (near ties, ``rho~ ~ E``), ``-log(R + G)`` otherwise (peaked ``q``, where ``R``, the
 mass outside the pool, is read from one masked pass over the row rather than as ``1 - sum``).
 Everything is float64; results have shape ``q.shape[:-1]``.
+
+API: :func:`drafter_certificate` (one criterion, or ``"tree:M"``), :func:`drafter_certificates`
+(several from one pass over ``q``, keyed by spec and ``"tree:M"``), :func:`drafter_witness` and
+:func:`drafter_tree_witness` (the minimising target ``p*``). ``q`` may be probabilities or logits
+(``from_logits=True``) of shape ``[..., V]``, any float dtype, any device.
 """
 from __future__ import annotations
 
@@ -148,7 +159,7 @@ def _beyond_mass(rows: Tensor, kth: Tensor, n_top: Tensor, norm: Tensor, from_lo
 
 
 def _rows(q: Tensor, from_logits: bool, k: int) -> _Rows:
-    vocab = q.shape[-1] if isinstance(q, Tensor) and q.dim() >= 1 else 0
+    """Validate and summarise ``q``: its top ``max(k, 64)`` and the mass beyond them."""
     k = max(k, DEFAULT_TOP)
     s = summarize(q, from_logits=from_logits, k=k)  # validates q
     flat = q.reshape(-1, s.vocab)
@@ -169,7 +180,6 @@ def _rows(q: Tensor, from_logits: bool, k: int) -> _Rows:
             exact = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits),
                              flat, full_kth, full_n, s.norm, idx=idx)
             beyond = beyond.index_copy(0, idx, exact)
-    del vocab
     return _Rows(s.values, s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits)
 
 
@@ -295,11 +305,13 @@ def _additive(r: _Rows, delta: float) -> _Additive:
     c = qd * (1 + delta)
     x = (b + torch.sqrt(b * b + 4 * a * c)) / (2 * a)  # the positive root; no cancellation (b >= 0)
     lam = torch.log(x)
-    zm1 = qz * torch.expm1(lam) + qd * torch.expm1(-lam)
-    cost = (delta * lam - torch.log1p(zm1)).clamp(min=0.0)
+    zm1 = qz * torch.expm1(lam) + qd * torch.expm1(-lam)  # Z - 1, accurate near ties
+    z = torch.where(zm1 > -0.5, 1 + zm1, rest + qz * x + qd / x)  # Z directly when small (peaked q)
+    log_z = torch.where(zm1 > -0.5, torch.log1p(zm1), torch.log(z))
+    cost = (delta * lam - log_z).clamp(min=0.0)
     feasible = qz > 0
     cost = torch.where(feasible, cost, torch.inf)
-    return _Additive(torch.where(feasible, lam, torch.nan), 1 + zm1, cost)
+    return _Additive(torch.where(feasible, lam, torch.nan), z, cost)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,8 +471,8 @@ def _minimise(fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, c: Tensor,
     """Minimise ``fn`` (elementwise over rows) from a bracket ``a <= b <= c`` with ``f(b)`` the
     smallest, in the manner of Brent: a parabola through the three points when it lands inside
     the bracket and moves less than half the step before last, a golden-section step into the
-    larger side otherwise. Stops once every row's last step is below ``_REFINE_TOL`` or its
-    value has not improved (beyond rounding) in three steps.
+    larger side otherwise. Stops once every row's last step is below ``_REFINE_TOL``, or its
+    bracket is narrow and its value has not improved (beyond rounding) in three steps.
     Returns ``(b, f(b))``."""
     golden = (3 - math.sqrt(5)) / 2
     before_last = c - a
@@ -486,8 +498,10 @@ def _minimise(fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, c: Tensor,
                  torch.where(better & ~right, fb, torch.where(~better & right, fu, fc)))
         b, fb = torch.where(better, u, b), torch.where(better, fu, fb)
         history.append(fb)
-        # Converged: the step is tiny, or three steps gained nothing above rounding.
-        stalled = (history[-4] - fb <= 1e-12 * (1 + fb.abs())) if len(history) > 3 else torch.zeros_like(better)
+        # Converged: the step is tiny, or the bracket is narrow and three steps gained nothing
+        # above rounding.
+        narrow = (c - a) <= 1e-5 * (1 + b.abs())
+        stalled = narrow & (history[-4] - fb <= 1e-12 * (1 + fb.abs())) if len(history) > 3 else torch.zeros_like(better)
         if bool(((last <= _REFINE_TOL * (1 + b.abs())) | ((c - a) <= _REFINE_TOL * (1 + b.abs())) | stalled).all()):
             break
     return b, fb

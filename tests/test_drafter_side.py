@@ -185,7 +185,7 @@ def _check_oracle(spec: str, n: int, v_max: int = 7) -> float:
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_matches_slsqp_oracle(spec: str) -> None:
-    _check_oracle(spec, 1 if spec.startswith("typical") else 3, v_max=5)
+    _check_oracle(spec, 3, v_max=5)
 
 
 @pytest.mark.slow
