@@ -213,7 +213,7 @@ def task_number(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Turn this into a numbered list: {', '.join(xs)}",
               f"Number these {kind}, one per line: {', '.join(xs)}")
     lines = "\n".join(f"{i}. {x}" for i, x in enumerate(xs, 1))
-    return q, _pick(rng, f"Here is the numbered list:\n", "") + lines
+    return q, _pick(rng, "Here is the numbered list:\n", "") + lines
 
 
 def task_bullets(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -395,7 +395,7 @@ def task_code_continue(rng: random.Random, m: Material) -> tuple[str, str]:
     u = rng.choice(m.units)
     lines = u.source.split("\n")
     k = max(1, min(len(lines) - 1, rng.randint(2, 6)))
-    q = f"Continue this code:\n```python\n" + "\n".join(lines[:k]) + "\n```"
+    q = "Continue this code:\n```python\n" + "\n".join(lines[:k]) + "\n```"
     return q, "```python\n" + "\n".join(lines[k:k + 8]) + "\n```"
 
 
