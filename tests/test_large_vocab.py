@@ -36,7 +36,7 @@ def _tau(p: np.ndarray, s: np.ndarray, c) -> float:
 
 
 def reference(p: np.ndarray, spec: str, divergence: str) -> float:
-    """THEORY.md's scan, literally: sort, find y*, grow the pool from the top while the next
+    """The pooled scan, literally: sort, find y*, grow the pool from the top while the next
     token exceeds the pool's mean (arithmetic or geometric), then evaluate in 40 digits."""
     c = parse_criterion(spec)
     s = np.sort(p)[::-1]
