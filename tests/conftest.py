@@ -48,10 +48,10 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
         entries = "\n".join(f"      - file: notebooks/{c}" for c in chapters)
         (root / "_toc.yml").write_text(
             "format: jb-book\nroot: book/intro\nparts:\n"
-            "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n"
+            "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n      - file: book/claims\n"
             f"  - caption: Chapters\n    chapters:\n{entries}\n"
-            "  - caption: Reference\n    chapters:\n      - file: book/reproduction_status\n"
-            "      - file: book/api\n",
+            "  - caption: Reference\n    chapters:\n      - file: book/glossary\n"
+            "      - file: book/reproduction_status\n      - file: book/api\n",
             encoding="utf-8",
         )
         return root

@@ -46,8 +46,7 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
             staged.append(chapter)
         else:
             missing.append(chapter)
-    if missing:
-        unlink_chapters(stage / "book", [c.name for c in missing])
+    unlink_chapters(stage / "book", {c.name for c in staged})
     toc = filter_toc(read_toc(root), {c.toc_file for c in staged})
     (stage / "_toc.yml").write_text(yaml_module().safe_dump(toc, sort_keys=False), encoding="utf-8")
 
@@ -92,17 +91,21 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
 
 
-def unlink_chapters(pages: Path, chapters: list[str]) -> None:
-    """In the book's Markdown pages, turn links to chapters left out of this build into plain text.
+def unlink_chapters(pages: Path, staged: set[str]) -> None:
+    """In the book's Markdown pages, turn links to chapters that are not in this build into text.
 
-    A partial build (``--only``) stages only the executed chapters; a link to another one
-    would be a broken cross-reference, which the build treats as an error.
+    A partial build (``--only``) stages only the executed chapters, and a project may not have
+    every chapter a page links to; such a link would be a broken cross-reference, which the
+    build treats as an error. Links to the ``staged`` chapters are kept.
     """
-    names = "|".join(re.escape(c) for c in chapters)
-    link = re.compile(r"\[([^\]]+)\]\(\.\./" + NOTEBOOK_DIR + r"/(?:" + names + r")\.(?:ipynb|md)(?:#[^)]*)?\)")
+    link = re.compile(r"\[([^\]]+)\]\(\.\./" + NOTEBOOK_DIR + r"/([^)#/]+)\.(?:ipynb|md)(?:#[^)]*)?\)")
+
+    def keep_or_unlink(m: re.Match[str]) -> str:
+        return m.group(0) if m.group(2) in staged else f"{m.group(1)} (not in this build)"
+
     for page in pages.rglob("*.md"):
         text = page.read_text(encoding="utf-8")
-        new = link.sub(lambda m: f"{m.group(1)} (not in this build)", text)
+        new = link.sub(keep_or_unlink, text)
         if new != text:
             page.write_text(new, encoding="utf-8")
 
