@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import analysis as A
-from companion.harvest import cache
 from companion import certificates, kl_divergence, parse_criterion, tree_certificate
 from companion.criteria import PAPER_CRITERIA
+from companion.harvest import cache
+from companion.harvest import plan as planning
 
 VOCAB = 16
 TOP_K = 12
@@ -374,12 +375,12 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
 
     pairs = {"n": 0}
 
-    def fake_load(preset, device, n_prompts, seed, _noise=[0.1]):
+    def fake_load(plan, device=None, dtype=None, _noise=[0.1]):
         pairs["n"] += 1
         t, d, tok = toy_pair(vocab=300, hidden=32, layers=1, noise=_noise[0])
-        return t, d, tok, [f"prompt number {i}: abc" for i in range(n_prompts)], "toy"
+        return t, d, tok, [f"prompt number {i}: abc" for i in range(plan.n_prompts or len(plan.prompts))]
 
-    monkeypatch.setattr(cache, "_load_preset", fake_load)
+    monkeypatch.setattr(planning, "load_planned", fake_load)
     kw = dict(device="cpu", n_prompts=3, n_steps=4, batch_size=2, runs_root=tmp_path)
     first = cache.chapter_traces("default", **kw)
     assert first.harvested_rows == 12 and first.manifest["status"] == "complete"
@@ -392,7 +393,7 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
     given = cache.chapter_traces("default", traces_dir=str(first.traces_dir), **kw)
     assert pairs["n"] == loads and given.harvested_rows == 0
     # another configuration (other weights) in the cache: moved aside and harvested again
-    fake_load.__defaults__[0][0] = 0.3
+    fake_load.__defaults__[-1][0] = 0.3
     fresh = cache.chapter_traces("default", **kw)
     assert fresh.harvested_rows == 12
     assert (tmp_path / "default-3x4-cpu-b2-seed0.stale" / "manifest.json").is_file()
@@ -407,7 +408,7 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
     manifest = json.loads((mine / "manifest.json").read_text())
     manifest["status"] = "incomplete"
     (mine / "manifest.json").write_text(json.dumps(manifest))
-    fake_load.__defaults__[0][0] = 0.5
+    fake_load.__defaults__[-1][0] = 0.5
     with pytest.raises(HarvestConfigError):
         cache.chapter_traces("default", traces_dir=str(mine), **kw)
     assert (mine / "manifest.json").is_file() and not (tmp_path / "mine.stale").exists()

@@ -17,6 +17,8 @@ import torch
 
 from companion.book.layout import ReproduceError, find_root
 from companion.book.record import describe_harvest
+from companion.harvest import plan as planning
+
 
 @dataclass(frozen=True)
 class ChapterTraces:
@@ -58,32 +60,6 @@ def default_traces_dir(preset: str, n_prompts: int, n_steps: int, *, device_type
     return root / f"{preset}-{n_prompts}x{n_steps}-{device_type}-b{batch}-seed{seed}"
 
 
-def _load_preset(preset: str, device: torch.device, n_prompts: int, seed: int) -> tuple[Any, Any, Any, list, str]:
-    """Models, tokenizer and prompts of a harvest preset, as ``companion harvest --preset`` loads them."""
-    from companion.harvest import presets as pr
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
-
-    spec = pr.get_preset(preset)
-    if spec.target == "default":
-        pr.check_default_assets(["target", "drafter", "prompts"] if spec.prompts == "default" else ["target", "drafter"])
-        target, drafter, tokenizer = load_pair("default", device=device)
-    else:
-        target, drafter, tokenizer = load_pair(spec.target, spec.drafter, spec.tokenizer, device=device)
-    if spec.prompts == "ultrachat":
-        rows = pr.ultrachat_rows(None)
-        prompts = pr.select_ultrachat_prompts(rows, tokenizer, n=n_prompts, min_tokens=spec.min_prompt_tokens,
-                                              seed=seed, enable_thinking=spec.enable_thinking)
-        name = f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
-    else:
-        prompts = load_prompts(spec.prompts)
-        if n_prompts > len(prompts):
-            raise ValueError(f"preset {preset!r} has {len(prompts)} prompts, {n_prompts} were asked for")
-        prompts = prompts[:n_prompts]
-        name = f"{spec.prompts}[:{n_prompts}]"
-    return target, drafter, tokenizer, prompts, name
-
-
 def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
                    n_steps: int = 64, batch_size: int | None = None, traces_dir: str | os.PathLike[str] = "",
                    runs_root: str | os.PathLike[str] | None = None, progress: bool = False,
@@ -107,9 +83,9 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     wait on each other made the embedded pair's harvest about ten times slower than one
     (measured: 108 s against 8 s for 1,024 steps), and the tiny models gain nothing from more.
     """
+    from companion.devices import resolve_device
     from companion.harvest import harvest, read_manifest
     from companion.harvest.store import HarvestConfigError
-    from companion.devices import resolve_device
 
     if traces_dir:
         out = Path(traces_dir)
@@ -121,8 +97,10 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     auto = not traces_dir
     out = (default_traces_dir(preset, n_prompts, n_steps, device_type=dev.type, batch_size=batch_size, seed=seed,
                               runs_root=runs_root) if auto else Path(traces_dir))
-    target, drafter, tokenizer, prompts, name = _load_preset(preset, dev, n_prompts, seed)
-    kwargs = dict(n_steps=n_steps, batch_size=batch_size, seed=seed, prompt_set_name=name,
+    # The same plan and loading as `companion harvest --preset PRESET --n-prompts N --seed S`.
+    plan = planning.plan_harvest(preset, n_prompts=n_prompts, seed=seed)
+    target, drafter, tokenizer, prompts = planning.load_planned(plan, device=dev)
+    kwargs = dict(n_steps=n_steps, batch_size=batch_size, seed=seed, prompt_set_name=plan.prompt_set_name,
                   extra={"preset": preset, "chapter_parameters": {"n_prompts": n_prompts, "n_steps": n_steps,
                                                                   "batch_size": batch_size, "seed": seed}},
                   progress=progress)

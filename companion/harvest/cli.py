@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,28 +181,12 @@ def _interrupted_message(out: Path, harvest_started: bool) -> str:
     return f"interrupted before the harvest wrote anything to {out}; rerun the same command to start it"
 
 
-@dataclass
-class _Plan:
-    """What the options resolve to, before any model is loaded."""
-
-    target: str
-    drafter: str | None
-    tokenizer: str | None
-    prompts: Any  # a list of Prompt, or None: selected from UltraChat once the tokenizer is loaded
-    prompt_set_name: str
-    n_steps: int
-    criteria: list[str]
-    tree_widths: list[int]
-    seed: int
-
-
 def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     import torch
 
     from companion.harvest import presets as pr
 
-    preset = pr.get_preset(args.preset)
-    plan = _plan(args, preset)
+    plan = _plan(args)
     _check_out(args.out)
     if args.write_prompts is not None:
         _check_new_file(args.write_prompts, "--write-prompts")
@@ -212,8 +195,9 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     # Nothing can be found wrong without the models from here on.
     from companion.devices import resolve_device
     from companion.harvest.core import distributed_context, harvest
+    from companion.harvest.plan import load_planned
     from companion.harvest.store import HarvestConfigError
-    from companion.models import WeightsUnavailableError, load_pair, load_tokenizer
+    from companion.models import WeightsUnavailableError
     from companion.prompts import dumps_prompts, with_token_counts
 
     if args.threads:
@@ -221,16 +205,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     dist = distributed_context()
     device = resolve_device(args.device, local_rank=dist.local_rank, world=dist.world)
     try:
-        prompts = plan.prompts
-        if prompts is None:  # UltraChat: the selection measures lengths in the target's tokenizer
-            tokenizer = load_tokenizer(plan.tokenizer or plan.target)
-            prompts = pr.select_ultrachat_prompts(
-                pr.ultrachat_rows(args.ultrachat), tokenizer,
-                n=args.n_prompts if args.n_prompts is not None else (preset.n_prompts or 500),
-                min_tokens=preset.min_prompt_tokens if args.min_prompt_tokens is None else args.min_prompt_tokens,
-                seed=plan.seed, enable_thinking=args.enable_thinking or preset.enable_thinking)
-        target, draft_model, tokenizer = load_pair(plan.target, plan.drafter or False, plan.tokenizer,
-                                                   device=device, dtype=args.dtype)
+        target, draft_model, tokenizer, prompts = load_planned(plan, device=device, dtype=args.dtype)
     except (WeightsUnavailableError, pr.PromptsUnavailableError, ValueError, OSError) as err:
         # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
         raise Refusal(_one_line(err)) from None
@@ -251,7 +226,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
             stop_at_eos=not args.no_stop_at_eos,
             seed=plan.seed,
             prompt_set_name=plan.prompt_set_name,
-            extra={"preset": preset.name, "enable_thinking": args.enable_thinking or preset.enable_thinking},
+            extra={"preset": plan.preset, "enable_thinking": plan.enable_thinking},
             progress=not args.no_progress,
         )
     except (HarvestConfigError, ValueError, OSError) as err:
@@ -273,88 +248,19 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def _plan(args: argparse.Namespace, preset: Any) -> _Plan:
-    """Resolve the preset and the options into names and prompts; refuse what is wrong."""
-    from companion.harvest import presets as pr
-    from companion.models import local_folder_problem, looks_like_local_path
-    from companion.tiny_pair import ASSET_DIR
+def _plan(args: argparse.Namespace) -> Any:
+    """The harvest plan of the options (:func:`companion.harvest.plan.plan_harvest`); its mistakes are refusals."""
+    from companion.harvest.plan import PlanError, plan_harvest
 
-    if args.no_drafter and args.drafter:
-        raise Refusal(f"--drafter {args.drafter} and --no-drafter contradict each other: give one")
-    needed = []
-    if preset.target == "default" and not args.target:
-        needed.append("target")
-    embedded_drafter = preset.drafter == "default" and not (args.drafter or args.no_drafter or args.target)
-    if embedded_drafter:
-        needed.append("drafter")
-    if preset.prompts == "default" and not args.prompts:
-        needed.append("prompts")
     try:
-        pr.check_default_assets(needed)
-    except FileNotFoundError as err:
-        raise Refusal(_one_line(err)) from None
-
-    # The embedded pair by its folders, so that "no drafter" means none (a preset name brings its drafter).
-    target = args.target or (str(ASSET_DIR / "target") if preset.target == "default" else preset.target)
-    if args.no_drafter:
-        drafter = None
-    elif args.drafter:
-        drafter = args.drafter
-    elif preset.drafter == "default":
-        drafter = str(ASSET_DIR / "drafter") if embedded_drafter else None
-    else:
-        drafter = preset.drafter
-    tokenizer = args.tokenizer or preset.tokenizer
-    if tokenizer is None and not args.target and preset.target == "default":
-        tokenizer = str(ASSET_DIR / "tokenizer")
-    for option, name, kind in (("--target", args.target, "model"), ("--drafter", args.drafter, "model"),
-                               ("--tokenizer", args.tokenizer, "tokenizer")):
-        if name and looks_like_local_path(name):
-            problem = local_folder_problem(name, kind)
-            if problem is not None:
-                raise Refusal(f"{option} {name}: {problem}; pass a folder written by save_pretrained, "
-                              "or a hub id such as Qwen/Qwen3-1.7B")
-
-    seed = preset.seed if args.seed is None else args.seed
-    prompts, name = _prompts(args, preset)
-    criteria = [s for group in args.criteria for s in group] if args.criteria else list(preset.criteria)
-    if len(set(criteria)) != len(criteria):
-        raise Refusal(f"--criteria: each criterion once, got {';'.join(criteria)}")
-    return _Plan(target=target, drafter=drafter, tokenizer=tokenizer, prompts=prompts, prompt_set_name=name,
-                 n_steps=args.steps if args.steps is not None else preset.n_steps, criteria=criteria,
-                 tree_widths=args.tree_widths or list(preset.tree_widths), seed=seed)
-
-
-def _prompts(args: argparse.Namespace, preset: Any) -> tuple[Any, str]:
-    """The prompts (None for an UltraChat selection, made once the tokenizer is loaded) and the set's name."""
-    from companion.harvest import presets as pr
-    from companion.prompts import load_prompts
-
-    if not args.prompts and preset.prompts == "ultrachat":
-        if args.ultrachat is not None and not args.ultrachat.exists():
-            raise Refusal(f"--ultrachat {args.ultrachat}: no such file or folder")
-        if args.ultrachat is None:
-            import importlib.util
-
-            if importlib.util.find_spec("datasets") is None:
-                raise Refusal(f"the {preset.name} preset draws its prompts from {pr.ULTRACHAT}, which needs the "
-                              "`datasets` library (pip install datasets) or local files: --ultrachat PATH, or "
-                              "--prompts FILE")
-        return None, f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
-    source = args.prompts or preset.prompts
-    try:
-        prompts = load_prompts(source)
-    except FileNotFoundError:
-        raise Refusal(f"--prompts {source}: no such file (nor a prompt set name: default)") from None
-    except (ValueError, OSError) as err:
-        raise Refusal(_one_line(err)) from None
-    name = str(source)
-    if args.n_prompts is not None:
-        if args.n_prompts > len(prompts):
-            raise Refusal(f"--n-prompts {args.n_prompts}: the prompt set {name} has only {len(prompts)} prompts")
-        prompts = prompts[:args.n_prompts]
-        name = f"{name}[:{args.n_prompts}]"
-    return prompts, name
+        return plan_harvest(
+            args.preset, target=args.target, drafter=args.drafter, no_drafter=args.no_drafter,
+            tokenizer=args.tokenizer, prompts=args.prompts, n_prompts=args.n_prompts, ultrachat=args.ultrachat,
+            min_prompt_tokens=args.min_prompt_tokens, enable_thinking=args.enable_thinking, n_steps=args.steps,
+            criteria=[s for group in args.criteria for s in group] if args.criteria else None,
+            tree_widths=args.tree_widths or None, seed=args.seed)
+    except PlanError as err:
+        raise Refusal(str(err)) from None
 
 
 def _check_out(out: Path) -> None:

@@ -146,7 +146,7 @@ def ultrachat_rows(source: str | Path | None = None) -> Iterator[dict[str, Any]]
     """
     if source is None:
         try:
-            import datasets  # noqa: F401  (optional; not a dependency of companion)
+            import datasets
         except ImportError as err:
             raise PromptsUnavailableError(
                 f"the paper presets draw their prompts from {ULTRACHAT} (split {ULTRACHAT_SPLIT}), which needs the "
