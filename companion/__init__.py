@@ -7,7 +7,7 @@ logprobs (:func:`certificates_from_logprobs`) are importable from the top level;
 certified runs and the stochastic contrast live in ``companion.bounds``, ``companion.runs`` and
 ``companion.stochastic``.
 """
-from companion.certificates import (
+from companion.kl_certificates import (
     certificate,
     certificates,
     kl_divergence,

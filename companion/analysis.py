@@ -80,7 +80,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from companion.certificates import tree_cost
+from companion.kl_certificates import tree_cost
 from companion.criteria import parse_criterion
 from companion.harvest.schema import column as column_name
 from companion.harvest.schema import short_divergence
@@ -529,7 +529,7 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
 
     The width-``m`` certificate pools the ``t`` tied maximisers with the lowest of the
     competitors ``p(t+1..t+m)`` (chapter 5), so the top ``t + m`` probabilities determine it;
-    this calls the engine's :func:`companion.certificates.tree_cost` on every stored value,
+    this calls the engine's :func:`companion.kl_certificates.tree_cost` on every stored value,
     which is what the harvest does on its full summary (equal bit for bit on the stored widths;
     tested). ``tail``: the mass beyond the stored values (the ``top_tail`` column); without it,
     ``1 - sum`` stands in, which loses the digits of reverse certificates above ~30 nats.

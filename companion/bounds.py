@@ -31,7 +31,7 @@ import math
 import torch
 from torch import Tensor
 
-from companion.certificates import _accepted_count, xlogx_minus_x_plus_1
+from companion.kl_certificates import accepted_count, xlogx_minus_x_plus_1
 from companion.criteria import Criterion, parse_criterion
 from companion.summary import summarize
 from companion.validation import check_divergence, check_tree_width
@@ -62,7 +62,7 @@ def _top_and_boundary(p: Tensor, criterion: Criterion, from_logits: bool) -> tup
     # The full sort keeps this exact for any boundary depth; bounds are not on a hot path.
     s = summarize(p, from_logits=from_logits, k=p.shape[-1], with_entropy=criterion.needs_entropy)
     tau = criterion.threshold_from_summary(s)
-    r = _accepted_count(s.values, tau, criterion)
+    r = accepted_count(s.values, tau, criterion)
     nonempty = r < s.vocab
     p_star = s.values.gather(1, r.clamp(max=s.vocab - 1).unsqueeze(1)).squeeze(1)
     shape = s.lead_shape

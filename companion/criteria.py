@@ -278,7 +278,8 @@ PAPER_CRITERIA: tuple[str, ...] = (
     "topk-delta:10,0.6",
     "topm:4",
 )
-"""The criteria every experiment computes. From the paper's evaluation, as secondary summaries of
+"""The six criteria this companion studies: every chapter draws them in this order and every
+experiment computes them. From the paper's evaluation, as secondary summaries of
 it describe the setting: strict greedy, additive relaxation (0.3), multiplicative relaxation (0.1),
 Medusa-style typical acceptance (0.09, 0.3) and top-m (4). ``topk-delta:10,0.6`` (TensorRT-LLM's
 combined rule) is this companion's addition, not one of the criteria the abstract names."""

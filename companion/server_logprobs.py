@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from companion.certificates import level_set_cost, tree_cost
+from companion.kl_certificates import level_set_cost, tree_cost
 from companion.criteria import (
     AdditiveRelaxed,
     Criterion,
@@ -174,7 +174,7 @@ def certificates_from_logprobs(
     certificates are only lower bounds.
 
     Returns ``{(spec, divergence): LogprobCertificate}`` and ``{("tree:m", divergence): ...}``,
-    keyed like :func:`companion.certificates.certificates`; each holds ``value`` (float64 nats,
+    keyed like :func:`companion.kl_certificates.certificates`; each holds ``value`` (float64 nats,
     leading shape) and ``exact`` (bool). The module docstring derives when the value is exact
     and why it is otherwise a lower bound over every completion of the unseen tail.
     """

@@ -7,8 +7,8 @@ greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"
 * ``accepted``: ``c`` accepts ``d`` under ``p``, i.e. ``p_d >= tau_c(p)`` (``>`` for typical
   acceptance);
 * ``certificate``: ``rho*_c(p) = inf { D(p, q') : argmax q' is rejected by c }``, from
-  :func:`companion.certificates.certificates`;
-* ``kl``: ``D(p, q)``, from :func:`companion.certificates.kl_divergence`;
+  :func:`companion.kl_certificates.certificates`;
+* ``kl``: ``D(p, q)``, from :func:`companion.kl_certificates.kl_divergence`;
 * ``certified``: ``kl < certificate``.
 
 The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q``, so a certified
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certificates import certificates, kl_divergence
+from companion.kl_certificates import certificates, kl_divergence
 from companion.criteria import Criterion, parse_criteria, parse_criterion
 from companion.summary import normalized_probabilities
 from companion.validation import check_distribution_tensor, check_divergence

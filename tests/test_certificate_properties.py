@@ -32,7 +32,7 @@ from companion.bounds import (
     tree_delta_bound,
     two_point_bound,
 )
-from companion.certificates import exact_top_tie
+from companion.kl_certificates import exact_top_tie
 from companion.targets import random_targets
 
 SPECS = ["greedy", "additive:0.1", "additive:0.3", "multiplicative:0.5", "multiplicative:0.1", "topm:2",

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from companion.certificates import certificates, kl_divergence
+from companion.kl_certificates import certificates, kl_divergence
 from companion.criteria import PAPER_CRITERIA, parse_criterion
 from companion.harvest import (
     SCHEMA,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion.bounds import greedy_margin_bounds
-from companion.certificates import certificate
+from companion.kl_certificates import certificate
 from companion.targets import random_targets
 
 

@@ -1,6 +1,6 @@
 """Certificates from top-k logprobs against the full-vocabulary engine.
 
-Oracle: ``companion.certificates`` on the whole distribution. Where the top-k result says
+Oracle: ``companion.kl_certificates`` on the whole distribution. Where the top-k result says
 ``exact`` it must equal the full one; everywhere else it must not exceed it (a lower bound), for
 random rows, LM-like rows, adversarial completions of the tail, and hypothesis' examples.
 """

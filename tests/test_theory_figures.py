@@ -8,7 +8,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from companion import certificate, parse_criterion, per_token_cost, tree_certificate, witness
+from companion import PAPER_CRITERIA, certificate, parse_criterion, per_token_cost, tree_certificate, witness
 from companion.figures import save_figure
 from companion.figures import theory as T
 from companion import bounds, targets
@@ -73,8 +73,8 @@ def test_criteria_level_sets_draws_engine_thresholds(tmp_path):
     p = targets.geometric_tail_target(torch.tensor(0.365, dtype=torch.float64), 12, 0.64)
     fig = T.criteria_level_sets(p)
     assert isinstance(fig, Figure)
-    assert sum(ax.get_visible() for ax in fig.axes) == len(T.LEVEL_SET_CRITERIA)
-    for spec in T.LEVEL_SET_CRITERIA:
+    assert sum(ax.get_visible() for ax in fig.axes) == len(PAPER_CRITERIA)
+    for spec in PAPER_CRITERIA:
         c = parse_criterion(spec)
         bars = _by_gid(fig, f"bars:{c}")
         heights = np.array([b.get_height() for b in bars])
@@ -117,7 +117,7 @@ def test_relaxed_criteria_certificates():
     p1 = torch.tensor(greedy.get_xdata(), dtype=torch.float64)
     p = targets.geometric_tail_target(p1, 16, 0.6)
     assert np.allclose(greedy.get_ydata(), certificate(p, "greedy").numpy())
-    for spec in T.RELAXED_CRITERIA[1:]:
+    for spec in PAPER_CRITERIA[1:]:
         (line,) = _by_gid(fig, f"ratio:{spec}")
         r = line.get_ydata()
         assert np.all(r[np.isfinite(r)] >= 1 - 1e-12)  # greedy's rejection region is the largest

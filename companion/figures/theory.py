@@ -20,8 +20,9 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from companion.bounds import additive_floor, margin_only_bound, multiplicative_floor, tree_quadratic_constant
-from companion.certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
+from companion.kl_certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
 from companion.criteria import (
+    PAPER_CRITERIA,
     AdditiveRelaxed,
     MultiplicativeRelaxed,
     StrictGreedy,
@@ -45,8 +46,6 @@ from companion.targets import geometric_tail_target, geometric_tail_tie, two_top
 
 __all__ = [
     "FIGURE_NAMES",
-    "LEVEL_SET_CRITERIA",
-    "RELAXED_CRITERIA",
     "criterion_color",
     "criteria_level_sets",
     "exact_certificate_witness",
@@ -66,18 +65,6 @@ FIGURE_NAMES: dict[str, str] = {
 }
 """Stable file names (``save_figure`` names) of the theory figures, keyed by function name."""
 
-LEVEL_SET_CRITERIA: tuple[str, ...] = (
-    "greedy",
-    "additive:0.3",
-    "multiplicative:0.1",
-    "topm:4",
-    "topk-delta:10,0.6",
-    "typical:0.09,0.3",
-)
-"""The six criteria drawn in chapter 1 (and compared in chapter 4)."""
-
-RELAXED_CRITERIA = LEVEL_SET_CRITERIA
-
 _ACCEPT, _REJECT = ACCEPT, REJECT
 
 
@@ -87,7 +74,7 @@ _ACCEPT, _REJECT = ACCEPT, REJECT
 # -- chapter 1 ------------------------------------------------------------------------------
 
 
-def criteria_level_sets(p: Tensor, criteria: Sequence[str] = LEVEL_SET_CRITERIA, *, ncols: int = 3) -> Figure:
+def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, ncols: int = 3) -> Figure:
     """One panel per criterion: the sorted target, its threshold ``tau(p)`` and rejection region.
 
     Bars are the sorted probabilities (log scale), green where accepted and red where rejected;
@@ -252,7 +239,7 @@ def strict_greedy_margin(
 
 
 def relaxed_criteria_certificates(
-    criteria: Sequence[str] = RELAXED_CRITERIA,
+    criteria: Sequence[str] = PAPER_CRITERIA,
     *,
     vocab: int = 32,
     ratio: float = 0.7,

@@ -176,6 +176,69 @@ def harvest(
     started = store.iso_now()
     dist = distributed_context()
     out = Path(out_dir)
+    settings = _settings(target, drafter, criteria, tree_widths, n_steps, order, top_k, batch_size,
+                         prompts_per_shard, chunk_steps)
+    plist, token_ids = _tokenized_prompts(prompts, tokenizer, target, drafter, n_steps, settings.vocab,
+                                          add_special_tokens)
+    eos = resolve_eos(target, tokenizer, eos_token_ids) if stop_at_eos else []
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    config = _run_config(target, drafter, tokenizer, plist, settings, n_steps=n_steps, order=order,
+                         stop_at_eos=stop_at_eos, eos=eos, pad_id=pad_id, add_special_tokens=add_special_tokens,
+                         seed=seed)
+    digest = store.config_digest(config)
+    shards = _shard_plan(token_ids, order, settings.per_shard)
+    schema = arrow_schema(settings.specs, settings.widths, drafter is not None, top_k)
+    checksums = _open_manifest(out, config, digest, dist, say, device=target.device, schema=schema, prompt_set_name=prompt_set_name,
+                               extra=extra, started=started)
+
+    done = store.existing_shards(out)
+    mine = [i for i in range(len(shards)) if i % dist.world == dist.rank and i not in done]
+    torch.manual_seed(seed)  # greedy decoding uses no randomness; seeded for anything that might
+    bar = _progress(progress, total=sum(len(shards[i]) for i in mine) * n_steps, rank=dist.rank, world=dist.world)
+    written: dict[str, str] = {}
+    tally = {"rows": 0, "compute_s": 0.0}
+    try:
+        for index in mine:
+            _decode_shard(index, shards[index], target, drafter, token_ids, plist, settings, schema, out, digest,
+                          dist, n_steps=n_steps, pad_id=pad_id, eos=eos, stop_at_eos=stop_at_eos, hook=hook, bar=bar,
+                          written=written, tally=tally)
+    except KeyboardInterrupt:
+        # Ctrl-C: the shard in progress is lost (its temporary file is removed); the complete ones
+        # are recorded, so the manifest says what is there and a rerun computes only the rest.
+        if bar is not None:
+            bar.close()
+        if dist.is_main:
+            part = {"rank": dist.rank, "device": str(target.device), "shards_computed": len(written),
+                    "rows": tally["rows"], "compute_s": round(tally["compute_s"], 3),
+                    "wall_s": round(time.perf_counter() - t_start, 3)}
+            _finalize(out, digest, len(shards), dist.world, [part], started, t_start, checksums | written,
+                      interrupted=True)
+        raise
+    if bar is not None:
+        bar.close()
+    part = {"rank": dist.rank, "device": str(target.device), "shards_computed": len(mine), "rows": tally["rows"],
+            "compute_s": round(tally["compute_s"], 3), "wall_s": round(time.perf_counter() - t_start, 3),
+            "checksums": written}
+    return _merge_ranks(out, digest, len(shards), dist, part, started, t_start, checksums)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The checked batching and statistics settings of a harvest."""
+
+    vocab: int
+    specs: list[str]
+    widths: list[int]
+    stats: StepStatistics
+    batch_size: int
+    per_shard: int
+    chunk: int
+
+
+def _settings(target: Any, drafter: Any | None, criteria: Sequence[str | Criterion], tree_widths: Sequence[int],
+              n_steps: int, order: str, top_k: int, batch_size: int | None, prompts_per_shard: int | None,
+              chunk_steps: int | None) -> _Settings:
+    """Check the models agree and the options are valid; resolve the batching defaults for the device."""
     device = target.device
     if drafter is not None and drafter.device != device:
         raise ValueError(f"target is on {device} but drafter on {drafter.device}: put both on one device")
@@ -187,7 +250,6 @@ def harvest(
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     crits = parse_criteria(list(criteria))
-    specs = [str(c) for c in crits]
     widths = [int(m) for m in tree_widths]
     stats = StepStatistics(crits, widths, vocab=vocab, top_k=top_k)
     bsz = default_batch_size(device) if batch_size is None else int(batch_size)
@@ -199,7 +261,14 @@ def harvest(
     chunk = default_chunk_steps(device, bsz) if chunk_steps is None else int(chunk_steps)
     if chunk < 1:
         raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
+    return _Settings(vocab, [str(c) for c in crits], widths, stats, bsz, per_shard, chunk)
 
+
+def _tokenized_prompts(prompts: Sequence[Prompt | str | dict[str, Any]], tokenizer: Any, target: Any,
+                       drafter: Any | None, n_steps: int, vocab: int,
+                       add_special_tokens: bool) -> tuple[list[Prompt], list[list[int]]]:
+    """The prompts (unknown token counts filled in) and their token ids; refuses empty, out-of-vocabulary or
+    too-long prompts (prompt plus ``n_steps`` beyond either model's positions)."""
     plist = as_prompts(prompts)
     token_ids = [tokenizer(p.text, add_special_tokens=add_special_tokens)["input_ids"] for p in plist]
     # Unknown token counts (-1: a text file, JSONL with only 'text', plain strings) are the counts decoded.
@@ -216,25 +285,29 @@ def harvest(
             if too_long:
                 raise ValueError(f"{len(too_long)} prompt(s) do not fit the {name}'s {limit} positions with "
                                  f"{n_steps} steps, e.g. {too_long[0]!r}")
-    eos = resolve_eos(target, tokenizer, eos_token_ids) if stop_at_eos else []
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    return plist, token_ids
 
+
+def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Prompt], st: _Settings, *,
+                n_steps: int, order: str, stop_at_eos: bool, eos: list[int], pad_id: int, add_special_tokens: bool,
+                seed: int) -> dict[str, Any]:
+    """Everything that determines a harvest's bits; its digest decides whether a folder may be resumed."""
     versions = store.package_versions()
-    config: dict[str, Any] = {
+    return {
         "target": store.model_identity(target),
         "drafter": store.model_identity(drafter) if drafter is not None else None,
         "tokenizer": store.tokenizer_identity(tokenizer),
         "dtype": _dtype_name(next(target.parameters()).dtype),
         "drafter_dtype": _dtype_name(next(drafter.parameters()).dtype) if drafter is not None else None,
-        "device_type": device.type,
+        "device_type": target.device.type,
         "prompt_set": {"digest": prompt_set_digest(plist), "n_prompts": len(plist)},
-        "criteria": specs,
-        "tree_widths": widths,
+        "criteria": st.specs,
+        "tree_widths": st.widths,
         "n_steps": n_steps,
-        "top_k": top_k,
-        "batch_size": bsz,
-        "prompts_per_shard": per_shard,
-        "chunk_steps": chunk,
+        "top_k": st.stats.top_k,
+        "batch_size": st.batch_size,
+        "prompts_per_shard": st.per_shard,
+        "chunk_steps": st.chunk,
         "order": order,
         "stop_at_eos": stop_at_eos,
         "eos_token_ids": eos,
@@ -244,20 +317,27 @@ def harvest(
         # Numerics depend on these: a resume under other versions, thread counts or hardware would
         # mix rows of two programs.
         "software": {k: versions[k] for k in ("companion", "torch", "transformers")},
-        "numerics": store.numerics_record(device),
+        "numerics": store.numerics_record(target.device),
     }
-    digest = store.config_digest(config)
 
-    # Shard plan: the same whatever the number of processes.
-    positions = list(range(len(plist)))
+
+def _shard_plan(token_ids: list[list[int]], order: str, per_shard: int) -> list[list[int]]:
+    """Prompt positions of each shard: the same whatever the number of processes."""
+    positions = list(range(len(token_ids)))
     if order == "length":
         positions.sort(key=lambda i: (len(token_ids[i]), i))
-    shards = [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
+    return [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
 
-    # The main process checks an existing manifest and every shard already there (damaged ones are
-    # removed, to be recomputed) before writing anything; the others then check the manifest.
+
+def _open_manifest(out: Path, config: dict[str, Any], digest: str, dist: Distributed, say: Callable[[str], None], *,
+                   device: torch.device, schema: pa.Schema, prompt_set_name: str | None, extra: dict[str, Any] | None,
+                   started: str) -> dict[str, str]:
+    """Mark the harvest running; return the checksums of the verified shards already there.
+
+    The main process checks an existing manifest and every shard already there (damaged ones are
+    removed, to be recomputed) before writing anything; the others then check the manifest.
+    """
     manifest_path = out / store.MANIFEST
-    environment = store.environment_record(device, dist.world)
     checksums: dict[str, str] = {}
     if dist.is_main:
         previous = _check_existing(out, config, digest)
@@ -267,76 +347,59 @@ def harvest(
             "status": "running",
             "config_digest": digest,
             "config": config,
-            "schema": arrow_schema(specs, widths, drafter is not None, top_k).names,
+            "schema": schema.names,
             "prompt_set_name": prompt_set_name,
             "extra": extra or {},
             "created": started,
             "runs": [],
         }
         manifest["status"] = "running"
-        manifest["environment"] = environment
+        manifest["environment"] = store.environment_record(device, dist.world)
         store.write_json(manifest_path, manifest)
     dist.barrier()
     if not dist.is_main:
         _check_existing(out, config, digest)
     store.remove_stale_temporaries(out, dist.rank, dist.world)
+    return checksums
 
-    done = store.existing_shards(out)
-    mine = [i for i in range(len(shards)) if i % dist.world == dist.rank and i not in done]
-    torch.manual_seed(seed)  # greedy decoding uses no randomness; seeded for anything that might
 
-    schema = arrow_schema(specs, widths, drafter is not None, top_k)
-    bar = _progress(progress, total=sum(len(shards[i]) for i in mine) * n_steps, rank=dist.rank, world=dist.world)
-    rows_done = 0
-    compute_s = 0.0
-    written: dict[str, str] = {}
-    try:
-        for index in mine:
-            t0 = time.perf_counter()
-            members = shards[index]
-            parts = []
-            for start in range(0, len(members), bsz):
-                batch = members[start:start + bsz]
-                result = decode_batch(
-                    target, drafter, [token_ids[i] for i in batch], n_steps, stats,
-                    chunk_steps=chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
-                    hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
-                )
-                parts.append(_batch_table(result, batch, plist, token_ids, schema))
-                if bar is not None:  # steps skipped after every prompt ended count as done
-                    bar.update(len(batch) * (n_steps - result.steps_run))
-            table = pa.concat_tables(parts)
-            elapsed = time.perf_counter() - t0
-            meta = {
-                "index": index,
-                "rank": dist.rank,
-                "config_digest": digest,
-                "prompt_ids": [plist[i].prompt_id for i in members],
-                "rows": table.num_rows,
-                "top2_ties": int(np.count_nonzero(table.column("top2_tie").to_numpy(zero_copy_only=False))),
-                "compute_s": round(elapsed, 3),
-            }
-            path, sha = store.write_shard(out, index, dist.rank, table, meta)
-            written[path.name] = sha
-            rows_done += table.num_rows
-            compute_s += elapsed
-    except KeyboardInterrupt:
-        # Ctrl-C: the shard in progress is lost (its temporary file is removed); the complete ones
-        # are recorded, so the manifest says what is there and a rerun computes only the rest.
-        if bar is not None:
-            bar.close()
-        if dist.is_main:
-            part = {"rank": dist.rank, "device": str(device), "shards_computed": len(written), "rows": rows_done,
-                    "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3)}
-            _finalize(out, digest, len(shards), dist.world, [part], started, t_start, checksums | written,
-                      interrupted=True)
-        raise
-    if bar is not None:
-        bar.close()
+def _decode_shard(index: int, members: list[int], target: Any, drafter: Any | None, token_ids: list[list[int]],
+                  plist: list[Prompt], st: _Settings, schema: pa.Schema, out: Path, digest: str, dist: Distributed, *,
+                  n_steps: int, pad_id: int, eos: list[int], stop_at_eos: bool, hook: BlockHook | None, bar: Any,
+                  written: dict[str, str], tally: dict[str, float]) -> None:
+    """Decode one shard's prompts in batches, write the shard atomically, record its checksum in ``written``."""
+    t0 = time.perf_counter()
+    parts = []
+    for start in range(0, len(members), st.batch_size):
+        batch = members[start:start + st.batch_size]
+        result = decode_batch(
+            target, drafter, [token_ids[i] for i in batch], n_steps, st.stats,
+            chunk_steps=st.chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
+            hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
+        )
+        parts.append(_batch_table(result, batch, plist, token_ids, schema))
+        if bar is not None:  # steps skipped after every prompt ended count as done
+            bar.update(len(batch) * (n_steps - result.steps_run))
+    table = pa.concat_tables(parts)
+    elapsed = time.perf_counter() - t0
+    meta = {
+        "index": index,
+        "rank": dist.rank,
+        "config_digest": digest,
+        "prompt_ids": [plist[i].prompt_id for i in members],
+        "rows": table.num_rows,
+        "top2_ties": int(np.count_nonzero(table.column("top2_tie").to_numpy(zero_copy_only=False))),
+        "compute_s": round(elapsed, 3),
+    }
+    path, sha = store.write_shard(out, index, dist.rank, table, meta)
+    written[path.name] = sha
+    tally["rows"] += table.num_rows
+    tally["compute_s"] += elapsed
 
-    part = {"rank": dist.rank, "device": str(device), "shards_computed": len(mine), "rows": rows_done,
-            "compute_s": round(compute_s, 3), "wall_s": round(time.perf_counter() - t_start, 3),
-            "checksums": written}
+
+def _merge_ranks(out: Path, digest: str, n_shards: int, dist: Distributed, part: dict[str, Any], started: str,
+                 t_start: float, checksums: dict[str, str]) -> dict[str, Any]:
+    """Every process records its part; the main one merges them into the final manifest, which all return."""
     store.write_json(out / store.PARTS_DIR / f"rank{dist.rank}.json", part)
     dist.barrier()
     manifest = None
@@ -344,7 +407,7 @@ def harvest(
         ranks = _read_parts(out, dist.world)
         for r in ranks:
             checksums |= r.pop("checksums", {})
-        manifest = _finalize(out, digest, len(shards), dist.world, ranks, started, t_start, checksums)
+        manifest = _finalize(out, digest, n_shards, dist.world, ranks, started, t_start, checksums)
         _remove_parts(out, dist.world)
     dist.barrier()
     if manifest is None:

@@ -8,7 +8,7 @@ What is computed, and by whom:
 
 * the target's top-``K`` summary and entropy: :func:`companion.summary.summarize` (so every
   probability here is normalised exactly as the certificate engine normalises it);
-* the certificates: :func:`companion.certificates.certificates`, one call for all criteria,
+* the certificates: :func:`companion.kl_certificates.certificates`, one call for all criteria,
   both divergences and all tree widths;
 * the drafter side: ``KL(p||q)``, ``KL(q||p)`` and ``TV(p, q)`` in float64 from one pass over
   each row (below), argmaxes and ranks by comparisons on the logits, acceptance by each
@@ -28,10 +28,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from companion.certificates import certificates
+from companion.kl_certificates import certificates
 from companion.criteria import Criterion, parse_criteria
+from companion.harvest.schema import column
 from companion.summary import DEFAULT_TOP, summarize
 from companion.validation import check_tree_width
+
+FORWARD, REVERSE = "forward", "reverse"
+DIVERGENCES = (FORWARD, REVERSE)
 
 #: Largest finite float32: stands in for -inf logits so that 0 * log 0 terms vanish instead of NaN.
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -88,14 +92,14 @@ class StepStatistics:
         out["top_ids"] = idx[:, : self.top_k]
         # Mass beyond the stored top-k, summed on its own scale (never 1 - sum of the top-k).
         out["top_tail"] = s.tail + values[:, self.top_k:].sum(1)
-        certs = certificates(logits_p, self.criteria, ("forward", "reverse"), tree_widths=self.widths,
+        certs = certificates(logits_p, self.criteria, DIVERGENCES, tree_widths=self.widths,
                              from_logits=True, summary=s)
         for spec in self.specs:
-            out[f"cert_fwd[{spec}]"] = certs[(spec, "forward")]
-            out[f"cert_rev[{spec}]"] = certs[(spec, "reverse")]
+            for d in DIVERGENCES:
+                out[column("cert", spec, d)] = certs[(spec, d)]
         for m in self.widths:
-            out[f"tree_cert_fwd[{m}]"] = certs[(f"tree:{m}", "forward")]
-            out[f"tree_cert_rev[{m}]"] = certs[(f"tree:{m}", "reverse")]
+            for d in DIVERGENCES:
+                out[column("tree_cert", m, d)] = certs[(f"tree:{m}", d)]
         out["_summary"] = s  # type: ignore[assignment]
         return out
 
@@ -120,13 +124,13 @@ class StepStatistics:
         out["draft_p"] = p_d
         for c, spec in zip(self.criteria, self.specs):
             tau = c.threshold_from_summary(s)
-            out[f"accepted[{spec}]"] = c.accept_from(p_d, tau)
-            out[f"certified_fwd[{spec}]"] = kl_fwd < target_cols[f"cert_fwd[{spec}]"]
-            out[f"certified_rev[{spec}]"] = kl_rev < target_cols[f"cert_rev[{spec}]"]
+            out[column("accepted", spec)] = c.accept_from(p_d, tau)
+            for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
+                out[column("certified", spec, d)] = kl < target_cols[column("cert", spec, d)]
         for m in self.widths:
-            out[f"covered[{m}]"] = n_rivals < m
-            out[f"tree_certified_fwd[{m}]"] = kl_fwd < target_cols[f"tree_cert_fwd[{m}]"]
-            out[f"tree_certified_rev[{m}]"] = kl_rev < target_cols[f"tree_cert_rev[{m}]"]
+            out[column("covered", m)] = n_rivals < m
+            for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
+                out[column("tree_certified", m, d)] = kl < target_cols[column("tree_cert", m, d)]
         return out
 
     def __call__(self, logits_p: Tensor, logits_q: Tensor | None = None, *, token: Tensor | None = None) -> dict[str, Tensor]:

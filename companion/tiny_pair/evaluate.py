@@ -228,10 +228,10 @@ def regime(
     the first EOS (that step included). At every step, with ``p`` the target's distribution:
     ``p(1)``, the top-10 mass, the strict-greedy certificate
     ``rho*(p) = min_q { KL(p || q) : argmax q != argmax p } = p(1) log(2 p(1) / (p(1) + p(2))) +
-    p(2) log(2 p(2) / (p(1) + p(2)))`` (computed by :func:`companion.certificates.certificate`), and
+    p(2) log(2 p(2) / (p(1) + p(2)))`` (computed by :func:`companion.kl_certificates.certificate`), and
     whether the drafter's greedy token is accepted by strict greedy (``p_y >= p(1)``).
     """
-    from companion.certificates import certificate
+    from companion.kl_certificates import certificate
     from companion.criteria import parse_criterion
 
     greedy = parse_criterion("greedy")

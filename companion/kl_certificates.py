@@ -327,7 +327,12 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
     return cost, j_star
 
 
-def _accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
+def accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
+    """``r = |{i : c accepts token i}|`` per row, for rows of probabilities sorted descending.
+
+    A criterion's accepted set is a prefix of the sorted row (lower level sets), so ``r`` tokens
+    are accepted: ``values[:, :r]``. ``tau`` is the row's threshold (one per row).
+    """
     accepted = criterion.accept_from(values, tau.unsqueeze(1))
     return accepted.sum(1)
 
@@ -399,8 +404,8 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
             # Guard the bounds by a relative 1e-9 against rounding in H_top.
             tau_hi = c.threshold_from_summary(replace(s, entropy=lower * (1 - 1e-9)))
             tau_lo = c.threshold_from_summary(replace(s, entropy=upper * (1 + 1e-9) + 1e-12))
-            r_hi = _accepted_count(v, tau_hi, c)
-            r_lo = _accepted_count(v, tau_lo, c)
+            r_hi = accepted_count(v, tau_hi, c)
+            r_lo = accepted_count(v, tau_lo, c)
             need |= (r_hi != r_lo) | (r_lo >= s.k)
     if not bool(need.any()):
         return upper
@@ -420,7 +425,7 @@ def _boundary(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: 
     is rejected, and the number of accepted tokens within the summary.
     """
     k = s.k
-    r = _accepted_count(s.values, tau, c)
+    r = accepted_count(s.values, tau, c)
     pos = r.clamp(max=k - 1).unsqueeze(1)
     y_val = s.values.gather(1, pos).squeeze(1)
     y_log = s.log_values().gather(1, pos).squeeze(1)
@@ -668,7 +673,7 @@ def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", 
     c.check_vocab(vocab)
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
     tau = c.threshold_from_summary(full)
-    r = _accepted_count(full.values, tau, c)
+    r = accepted_count(full.values, tau, c)
     pos = r.clamp(max=full.vocab - 1)
     p_y = full.values.gather(1, pos.unsqueeze(1)).squeeze(1)
     log_y = full.logs.gather(1, pos.unsqueeze(1)).squeeze(1)
