@@ -28,6 +28,7 @@ from companion.speculative import (
     RoundOutcome,
     SpeculativeResult,
     Timings,
+    costs_from_results,
     drafter_rho,
     generate,
     hf_assisted_generate,
@@ -368,7 +369,7 @@ def test_calibrated_policy_learns_which_drafts_survive():
 def test_exploration_breaks_a_run_of_empty_rounds():
     pol = Calibrated(c=5.0, v1=3.0, explore=3)  # drafting never pays under these costs
     sizes = []
-    for _ in range(8):
+    for _ in range(12):
         pol.start_round(10)
         n = 0
         while pol.wants_draft(n):
@@ -377,7 +378,8 @@ def test_exploration_breaks_a_run_of_empty_rounds():
         k = pol.submit(n)
         sizes.append(k)
         pol.end_round(RoundOutcome(drafted=n, submitted=k, accepted=k))
-    assert sizes == [0, 0, 0, 1, 0, 0, 0, 1]
+    # a forced draft after 3 idle rounds, then after 6 (the wait doubles while drafting does not pay)
+    assert sizes == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]
 
 
 # -- drafter-side certificate ----------------------------------------------------------------------
@@ -435,6 +437,26 @@ def test_cost_model_affine_fit_and_errors():
         CostModel(c=-0.1, verify=(1.0,))
     with pytest.raises(ValueError, match="number of drafts"):
         cm.verify_cost(-1)
+
+
+def fake_run(submitted: list[int], drafted: list[int], t_of_k, d_per_call: float) -> SpeculativeResult:
+    return SpeculativeResult(
+        tokens=torch.zeros(len(submitted), dtype=torch.long), target_forwards=len(submitted),
+        drafter_forwards=sum(drafted), accepted=[0] * len(submitted), submitted=submitted, drafted=drafted,
+        policy="x", criterion="greedy", timings=Timings(1.0, 0.5, 0.5),
+        round_target_s=[t_of_k(k) + (100.0 if i == 0 else 0.0) for i, k in enumerate(submitted)],
+        round_drafter_s=[d_per_call * n for n in drafted])
+
+
+def test_costs_from_results_recover_the_generating_model():
+    t_of_k = lambda k: 0.01 * (1.0 if k == 0 else 1.5 + 0.1 * (k - 1))
+    runs = [fake_run([0] * 8, [0] * 8, t_of_k, 0.0), fake_run([1] * 8, [1] * 8, t_of_k, 0.003),
+            fake_run([4] * 8, [5] * 8, t_of_k, 0.003)]
+    cm = costs_from_results(runs)
+    assert cm.c == pytest.approx(0.3)
+    assert cm.verify == pytest.approx((1.0, 1.5, 1.6, 1.7, 1.8))  # 2 and 3 interpolated between 1 and 4
+    with pytest.raises(ValueError, match="cannot fit a cost model"):
+        costs_from_results(runs[1:])
 
 
 def test_measure_costs_on_the_pair(pair):

@@ -53,7 +53,8 @@ class SpeculativeResult:
     ``tokens``: the generated ids (1-D, prompt excluded). Per round ``r``: ``drafted[r]`` drafter
     calls, ``submitted[r]`` drafts verified (the round's draft length), ``accepted[r]`` of them
     accepted (not counting the target's correction/bonus token), ``draft_tokens[r]`` the ids
-    verified. ``target_forwards`` is the
+    verified, ``round_target_s[r]`` and ``round_drafter_s[r]`` the seconds spent in the round's
+    target forward and drafter forwards. ``target_forwards`` is the
     number of rounds (one verification forward each, the prompt's prefill included in the
     first); ``drafter_forwards = sum(drafted)``.
     """
@@ -68,6 +69,8 @@ class SpeculativeResult:
     criterion: str
     timings: Timings
     draft_tokens: list[list[int]] = field(default_factory=list)
+    round_target_s: list[float] = field(default_factory=list)
+    round_drafter_s: list[float] = field(default_factory=list)
     ended_by_eos: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -192,6 +195,8 @@ def generate(
     submitted: list[int] = []
     drafted: list[int] = []
     draft_tokens: list[list[int]] = []
+    round_t: list[float] = []
+    round_d: list[float] = []
     t_time = d_time = 0.0
     ended_by_eos = False
     start = time.perf_counter()
@@ -202,6 +207,7 @@ def generate(
             pol.start_round(cap)
             drafts: list[int] = []
             q_rows: list[Tensor] = []
+            d_before = d_time
             while len(drafts) < cap and pol.wants_draft(len(drafts)):
                 ctx = seq + drafts
                 t0 = time.perf_counter()
@@ -225,7 +231,9 @@ def generate(
 
             t0 = time.perf_counter()
             p_logits = _forward(target, seq[t_len:] + drafts[:k], tcache, k + 1)
-            t_time += time.perf_counter() - t0
+            round_t.append(time.perf_counter() - t0)
+            t_time += round_t[-1]
+            round_d.append(d_time - d_before)
             greedy = p_logits.argmax(-1).tolist()
             if lossless:
                 ok = [drafts[j] == greedy[j] for j in range(k)]
@@ -272,5 +280,7 @@ def generate(
         criterion=str(crit),
         timings=Timings(wall_s=wall, target_s=t_time, drafter_s=d_time),
         draft_tokens=draft_tokens,
+        round_target_s=round_t,
+        round_drafter_s=round_d,
         ended_by_eos=ended_by_eos,
     )

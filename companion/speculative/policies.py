@@ -91,7 +91,10 @@ positions it verified, namely the accepted drafts and the first rejected one):
   little; it is kept for comparison.
 
 Exploration: a round that submits nothing teaches nothing, so after ``explore`` such rounds in a
-row one draft is made and verified regardless.
+row one draft is made and verified regardless; the wait doubles after every forced draft until
+the policy drafts of its own accord again (so a pair on which drafting never pays costs only a
+logarithmic number of forced drafts). The calibration and the plan are refreshed every 8 newly
+verified steps.
 
 Knobs (``name=value``, comma separated): ``c`` (0.28), ``v1`` (1.5), ``dv`` (0.025), ``kmax`` (16),
 ``prior`` (0.8), ``n0`` (4), ``bins`` (16), ``cal`` (``bins`` or ``kl``), ``explore`` (8, 0 = never),
@@ -369,10 +372,15 @@ class Calibrated(Policy):
     window: int = 0
     # running state
     idle: int = field(default=0, repr=False)  # consecutive rounds that verified no draft
+    explore_after: int = field(default=-1, repr=False)  # idle rounds before the next forced draft
+    fresh_steps: int = field(default=0, repr=False)  # verified steps since the plan was computed
     scores: list[float] = field(default_factory=list, repr=False)  # score of every verified step (u, or the certificate for cal=kl)
     accepted: list[float] = field(default_factory=list, repr=False)  # 1.0 / 0.0 per verified step
     position_one: list[bool] = field(default_factory=list, repr=False)  # whether it was a round's first draft
     kls: list[float] = field(default_factory=list, repr=False)  # cal=kl: sorted KL(p||q) of verified steps
+
+    REFRESH: ClassVar[int] = 8
+    """The calibration tables and the plan are recomputed after this many new verified steps."""
 
     def __post_init__(self) -> None:
         if self.kind not in SCORES:
@@ -380,6 +388,8 @@ class Calibrated(Policy):
         if self.cal not in ("bins", "kl"):
             raise ValueError(f"{self.kind} knob cal must be 'bins' or 'kl', got {self.cal!r}")
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        if self.explore_after < 0:
+            self.explore_after = self.explore
         self._plan: tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._steps: list[DraftStep] = []
         self._surv: list[float] = [1.0]
@@ -447,7 +457,7 @@ class Calibrated(Policy):
         """``(lam*, [W_0 .. W_kmax], survival laws)`` for the current calibration (cached until new data)."""
         if self._plan is None:
             laws = [self._survival_law(True), self._survival_law(False)]
-            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax)
+            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax, tol=1e-3)
             self._plan = (lam, tables, laws)
         return self._plan
 
@@ -461,7 +471,7 @@ class Calibrated(Policy):
         super().start_round(min(cap, self.kmax))
         self._steps = []
         self._surv = [1.0]  # S_0, S_1, ...
-        self._exploring = self.explore > 0 and self.idle >= self.explore
+        self._exploring = self.explore > 0 and self.idle >= self.explore_after
 
     def _objective(self, k: int, i: int) -> float:
         lam = self.plan()[0]
@@ -495,13 +505,19 @@ class Calibrated(Policy):
 
     def end_round(self, outcome: RoundOutcome) -> None:
         self.idle = 0 if outcome.submitted else self.idle + 1
+        if self._exploring:
+            self.explore_after *= 2
+        elif outcome.submitted:
+            self.explore_after = self.explore
         for j in range(outcome.verified):
             self.scores.append(self._score(self._steps[j]))
             self.accepted.append(1.0 if j < outcome.accepted else 0.0)
             self.position_one.append(j == 0)
             if self.cal == "kl" and j < len(outcome.kl):
                 bisect.insort(self.kls, outcome.kl[j])
-        if outcome.verified:
+        self.fresh_steps += outcome.verified
+        if self.fresh_steps >= self.REFRESH or self._plan is None:
+            self.fresh_steps = 0
             self._table = None
             self._plan = None
 
