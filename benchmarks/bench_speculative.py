@@ -1,7 +1,7 @@
 """Drafting policies compared on the embedded pair: forwards, acceptance, modelled cost and wall clock.
 
     python benchmarks/bench_speculative.py [--prompts 16] [--tokens 64] [--calib-prompts 8]
-        [--threads 1] [--boot 2000] [--hf] [--quick]
+        [--threads 1] [--boot 2000] [--hf] [--quick] [--costs C,V1,DV]
 
 1. Measures the cost model (``c`` = drafter/target single-token forward time, ``V(k)`` = cost of
    verifying ``k`` drafts) with the microbenchmark :func:`companion.speculative.measure_costs`,
@@ -10,7 +10,8 @@
    under transformers' built-ins (``constant:K`` for K in 0..8, the confidence threshold on a
    grid, the heuristic schedule), then fits the cost model on those runs' own forward times
    (:func:`companion.speculative.costs_from_results`): on a shared machine this is steadier than
-   the microbenchmark, and it is the model every modelled cost below uses.
+   the microbenchmark, and it is the model every modelled cost below uses, unless ``--costs``
+   pins one (the measured ratios move by tens of percent with the load of a shared machine).
 3. Decodes the same prompts under the calibrated rule driven by the drafter-side certificate,
    by ``q(1)`` only and by ``q(1) - q(2)``, given the fitted ``c, v1, dv``. They start from a
    calibration warmed on ``--calib-prompts`` other prompts (the same snapshot for every
@@ -38,6 +39,7 @@ import torch
 from companion.models import load_pair
 from companion.prompts import load_prompts
 from companion.speculative import (
+    CostModel,
     Policy,
     SpeculativeResult,
     costs_from_results,
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hf", action="store_true", help="also run transformers' assisted generation for the built-ins")
     ap.add_argument("--quick", action="store_true", help="a smaller grid of built-in policies")
+    ap.add_argument("--costs", metavar="C,V1,DV", default=None,
+                    help="pin the cost model instead of fitting it: c and V(k) = V1 + DV (k - 1) for k >= 1, "
+                         "e.g. 0.28,1.4,0.025 (c = 0.28, V(5) = 1.5)")
     args = ap.parse_args(argv)
     for name in ("prompts", "tokens", "threads", "boot"):
         if getattr(args, name) < 1:
@@ -106,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.calib_prompts < 0:
         print(f"error: --calib-prompts must be >= 0, got {args.calib_prompts}", file=sys.stderr)
         return 2
+    pinned = None
+    if args.costs is not None:
+        try:
+            c_pin, v1_pin, dv_pin = (float(x) for x in args.costs.split(","))
+            pinned = CostModel(c=c_pin, verify=(1.0,) + tuple(v1_pin + dv_pin * (k - 1) for k in range(1, 41)))
+        except ValueError as err:
+            print(f"error: --costs must be three numbers C,V1,DV with C >= 0, got {args.costs!r} ({err})", file=sys.stderr)
+            return 2
     torch.set_num_threads(args.threads)
     target, drafter, tok = load_pair("default")
     prompts = load_prompts("default")
@@ -140,12 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     for i, ids in enumerate(evals):  # phase 1: the built-ins (constant:0 first: the reference)
         for spec in builtins:
             record(spec, i, generate(target, drafter, ids, policy=spec, max_new_tokens=args.tokens))
-    costs = costs_from_results([r for spec in builtins for r in results[spec]])
-    knobs = costs.policy_defaults()
-    print(f"cost model fitted on the built-ins' own rounds (used below): target forward {costs.target_s * 1e3:.2f} ms, "
-          f"drafter {costs.drafter_s * 1e3:.2f} ms, c = {costs.c:.3f}; V(0..{len(costs.verify) - 1}) = "
-          + " ".join(f"{v:.2f}" for v in costs.verify)
+    fitted = costs_from_results([r for spec in builtins for r in results[spec]])
+    knobs = fitted.policy_defaults()
+    print(f"cost model fitted on the built-ins' own rounds{'' if pinned else ' (used below)'}: target forward "
+          f"{fitted.target_s * 1e3:.2f} ms, drafter {fitted.drafter_s * 1e3:.2f} ms, c = {fitted.c:.3f}; "
+          f"V(0..{len(fitted.verify) - 1}) = " + " ".join(f"{v:.2f}" for v in fitted.verify)
           + f"; affine fit V(k) = {knobs['v1']:.3f} + {knobs['dv']:.4f} (k - 1)")
+    costs = fitted
+    if pinned is not None:
+        costs = pinned
+        knobs = {"c": pinned.c, "v1": pinned.verify[1], "dv": pinned.verify[2] - pinned.verify[1]}
+        print(f"pinned cost model (used below): c = {pinned.c}, V(k) = {knobs['v1']} + {knobs['dv']} (k - 1), "
+              f"V(5) = {pinned.verify[5]:.3f}")
 
     warmed: dict[str, Policy] = {}
     for spec in calibrated:  # phase 2: the calibrated rule, given the fitted costs

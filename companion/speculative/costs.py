@@ -6,6 +6,10 @@ Unit: one single-token target forward with a warm KV cache. Then
 * ``V(k)`` = (time of a target forward over ``k + 1`` new tokens, i.e. verifying ``k`` drafts) /
   (single-token target forward time); ``V(0) = 1``.
 
+Two ways to measure them: :func:`measure_costs`, a microbenchmark of isolated forwards at a fixed
+context length, and :func:`costs_from_results`, a fit on the per-round forward times of actual
+decoding runs (steadier on a shared machine, and measured under the decoder's own conditions).
+
 A generation whose rounds verified ``k_1, k_2, ...`` drafts with ``D`` drafter forwards in all
 has modelled cost ``sum_r V(k_r) + c D``, reported per generated token by :func:`modelled_cost`.
 The prompt's prefill is counted as an ordinary forward for both models (it is the same for
