@@ -294,6 +294,8 @@ def test_optimal_rate_matches_exact_recursion(first, later, c, v1, dv, kmax):
         tokens = 1.0 + sum(m1 * m2 ** (j - 1) for j in range(1, k + 1))
         assert lam >= tokens / (vc(k) + c * k) - 1e-3
     assert len(tables) == kmax + 1 and np.all(tables[-1] == 0)
+    for guess in (lam, lam + 0.03, 1.0, kmax + 1.0):  # a guess only narrows the bracket
+        assert optimal_rate(laws, c, vc, kmax, guess=guess)[0] == pytest.approx(lam, abs=2e-4)
 
 
 @given(first=law_st, c=st.floats(0.0, 0.8), v1=st.floats(1.0, 2.0))
@@ -414,6 +416,18 @@ def test_drafter_certificate_for_greedy_matches_slsqp():
         top = torch.topk(q, 2).values
         rho = drafter_rho(logits, crit, float(top[0]), float(top[1]))
         assert rho == pytest.approx(slsqp_drafter_greedy(q.numpy()), rel=1e-5, abs=1e-9)
+
+
+@pytest.mark.parametrize("criterion", ["greedy", "multiplicative:0.1", "topm:3"])
+def test_drafter_rho_is_the_libraries_drafter_side_certificate(criterion):
+    side = pytest.importorskip("companion.drafter_side")
+    rng = np.random.default_rng(2)
+    crit = parse_criterion(criterion)
+    for _ in range(20):
+        logits = torch.tensor(rng.normal(size=50) * 3.0, dtype=torch.float64)
+        top = torch.topk(torch.softmax(logits, -1), 2).values
+        ours = drafter_rho(logits, crit, float(top[0]), float(top[1]))
+        assert ours == pytest.approx(float(side.drafter_certificate(logits, crit, from_logits=True)), rel=1e-9)
 
 
 # -- cost model -------------------------------------------------------------------------------------

@@ -336,19 +336,27 @@ def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[in
 
 
 def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int,
-                 tol: float = 1e-4) -> tuple[float, list[np.ndarray]]:
+                 tol: float = 1e-4, guess: float | None = None) -> tuple[float, list[np.ndarray]]:
     """``(lam*, W tables at lam*)``: the root of ``1 - lam + W_0(1; lam) = 0`` by bisection on ``[1, kmax + 1]``.
 
     ``1 - lam + W_0(1; lam)`` is the best ``E[N] - lam E[C]`` of a round (one target token at cost
     ``V(0) = 1`` plus the value of drafting); it decreases in ``lam``, and its root is the best
-    tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays.
+    tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays. ``guess``
+    (e.g. the previous root) narrows the first bracket to ``guess +- 0.05`` when it holds the root.
     """
+    def excess(lam: float) -> float:
+        return 1.0 - lam + bellman(lam, laws, c, verify_cost, kmax)[0][-1]
+
     lo, hi = 1.0, float(kmax + 1)
-    if bellman(lo, laws, c, verify_cost, kmax)[0][-1] <= 0.0:
+    if excess(lo) <= 0.0:
         return 1.0, bellman(1.0, laws, c, verify_cost, kmax)
+    if guess is not None:
+        g_lo, g_hi = max(lo, guess - 0.05), min(hi, guess + 0.05)
+        if excess(g_lo) > 0.0 and excess(g_hi) <= 0.0:
+            lo, hi = g_lo, g_hi
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
-        if 1.0 - mid + bellman(mid, laws, c, verify_cost, kmax)[0][-1] > 0.0:
+        if excess(mid) > 0.0:
             lo = mid
         else:
             hi = mid
@@ -388,6 +396,7 @@ class Calibrated(Policy):
         if self.cal not in ("bins", "kl"):
             raise ValueError(f"{self.kind} knob cal must be 'bins' or 'kl', got {self.cal!r}")
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_rate: float | None = None
         if self.explore_after < 0:
             self.explore_after = self.explore
         self._plan: tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
@@ -457,7 +466,8 @@ class Calibrated(Policy):
         """``(lam*, [W_0 .. W_kmax], survival laws)`` for the current calibration (cached until new data)."""
         if self._plan is None:
             laws = [self._survival_law(True), self._survival_law(False)]
-            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax, tol=1e-3)
+            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax, tol=1e-3, guess=self._last_rate)
+            self._last_rate = lam
             self._plan = (lam, tables, laws)
         return self._plan
 
