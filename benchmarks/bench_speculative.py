@@ -8,9 +8,11 @@
    for reference.
 2. Decodes each of the first ``--prompts`` prompts of the default set for ``--tokens`` tokens
    under transformers' built-ins (``constant:K`` for K in 0..8, the confidence threshold on a
-   grid, the heuristic schedule), then fits the cost model on those runs' own forward times
-   (:func:`companion.speculative.costs_from_results`): on a shared machine this is steadier than
-   the microbenchmark, and it is the model every modelled cost below uses, unless ``--costs``
+   grid, the heuristic schedule), then fits the cost model on those runs' own rounds
+   (:func:`companion.speculative.costs_from_results`: a round's wall time minus its drafter
+   forwards is its target-side cost, the decoder's bookkeeping included): on a shared machine
+   this is steadier than the microbenchmark and it predicts wall-clock time; it is the model
+   every modelled cost below uses, unless ``--costs``
    pins one (the measured ratios move by tens of percent with the load of a shared machine).
 3. Decodes the same prompts under the calibrated rule driven by the drafter-side certificate,
    by ``q(1)`` only and by ``q(1) - q(2)``, given the fitted ``c, v1, dv``. They start from a
@@ -162,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     costs = fitted
     if pinned is not None:
         costs = pinned
-        knobs = {"c": pinned.c, "v1": pinned.verify[1], "dv": pinned.verify[2] - pinned.verify[1]}
-        print(f"pinned cost model (used below): c = {pinned.c}, V(k) = {knobs['v1']} + {knobs['dv']} (k - 1), "
+        knobs = {"c": c_pin, "v1": v1_pin, "dv": dv_pin}
+        print(f"pinned cost model (used below): c = {c_pin:g}, V(k) = {v1_pin:g} + {dv_pin:g} (k - 1), "
               f"V(5) = {pinned.verify[5]:.3f}")
 
     warmed: dict[str, Policy] = {}

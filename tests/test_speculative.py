@@ -60,6 +60,8 @@ def pair():
 
 def check_bookkeeping(r: SpeculativeResult, max_new_tokens: int) -> None:
     assert r.target_forwards == r.rounds == len(r.submitted) == len(r.drafted) == len(r.draft_tokens)
+    assert len(r.round_wall_s) == len(r.round_target_s) == len(r.round_drafter_s) == r.rounds
+    assert all(w >= t + d for w, t, d in zip(r.round_wall_s, r.round_target_s, r.round_drafter_s))
     assert r.drafter_forwards == sum(r.drafted)
     for n, k, a, d in zip(r.drafted, r.submitted, r.accepted, r.draft_tokens):
         assert 0 <= a <= k <= n and len(d) == k, (n, k, a, d)
@@ -459,16 +461,22 @@ def fake_run(submitted: list[int], drafted: list[int], t_of_k, d_per_call: float
         drafter_forwards=sum(drafted), accepted=[0] * len(submitted), submitted=submitted, drafted=drafted,
         policy="x", criterion="greedy", timings=Timings(1.0, 0.5, 0.5),
         round_target_s=[t_of_k(k) + (100.0 if i == 0 else 0.0) for i, k in enumerate(submitted)],
-        round_drafter_s=[d_per_call * n for n in drafted])
+        round_drafter_s=[d_per_call * n for n in drafted],
+        round_wall_s=[t_of_k(k) + 0.001 + d_per_call * n + (100.0 if i == 0 else 0.0)
+                      for i, (k, n) in enumerate(zip(submitted, drafted))])
 
 
 def test_costs_from_results_recover_the_generating_model():
     t_of_k = lambda k: 0.01 * (1.0 if k == 0 else 1.5 + 0.1 * (k - 1))
     runs = [fake_run([0] * 8, [0] * 8, t_of_k, 0.0), fake_run([1] * 8, [1] * 8, t_of_k, 0.003),
             fake_run([4] * 8, [5] * 8, t_of_k, 0.003)]
-    cm = costs_from_results(runs)
+    cm = costs_from_results(runs, overhead=False)
     assert cm.c == pytest.approx(0.3)
     assert cm.verify == pytest.approx((1.0, 1.5, 1.6, 1.7, 1.8))  # 2 and 3 interpolated between 1 and 4
+    # with the 1 ms of per-round bookkeeping counted on the target side
+    cm = costs_from_results(runs)
+    assert cm.c == pytest.approx(0.003 / 0.011)
+    assert cm.verify == pytest.approx(tuple((0.01 * v + 0.001) / 0.011 for v in (1.0, 1.5, 1.6, 1.7, 1.8)))
     with pytest.raises(ValueError, match="cannot fit a cost model"):
         costs_from_results(runs[1:])
 

@@ -92,12 +92,16 @@ def modelled_cost(result: SpeculativeResult, costs: CostModel) -> float:
     return total / n
 
 
-def costs_from_results(results: list[SpeculativeResult], *, min_rounds: int = 5) -> CostModel:
-    """The cost model fitted on decoding runs themselves, from their per-round forward times.
+def costs_from_results(results: list[SpeculativeResult], *, min_rounds: int = 5, overhead: bool = True) -> CostModel:
+    """The cost model fitted on decoding runs themselves, from their per-round times.
 
-    The first round of every run (it carries the prompt's prefill) is left out. ``V(k)`` is the
-    median target-forward time of rounds that verified ``k`` drafts over the median of rounds that
-    verified none; ``c`` the median drafter time per call over that same single-token median.
+    A round's target-side time is its wall time minus its drafter forwards (``overhead=True``: the
+    decoder's own per-round and per-draft bookkeeping counts with the verification, so that the
+    model predicts wall-clock time; it is not negligible next to a few-millisecond forward) or its
+    target forward alone (``overhead=False``). The first round of every run (it carries the
+    prompt's prefill) is left out. ``V(k)`` is the median target-side time of rounds that verified
+    ``k`` drafts over the median of rounds that verified none; ``c`` the median drafter forward
+    time per call over that same median.
     Draft counts seen in fewer than ``min_rounds`` rounds are filled by linear interpolation
     between measured neighbours (and the table stops at the largest measured count). Needs rounds
     without drafts (e.g. a ``constant:0`` run) and rounds with drafts.
@@ -106,7 +110,8 @@ def costs_from_results(results: list[SpeculativeResult], *, min_rounds: int = 5)
     per_call: list[float] = []
     for r in results:
         for i in range(1, len(r.round_target_s)):
-            by_k.setdefault(r.submitted[i], []).append(r.round_target_s[i])
+            t = r.round_wall_s[i] - r.round_drafter_s[i] if overhead else r.round_target_s[i]
+            by_k.setdefault(r.submitted[i], []).append(t)
             if r.drafted[i]:
                 per_call.append(r.round_drafter_s[i] / r.drafted[i])
     measured = {k: statistics.median(v) for k, v in by_k.items() if len(v) >= min_rounds}

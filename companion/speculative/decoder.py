@@ -54,9 +54,9 @@ class SpeculativeResult:
     calls, ``submitted[r]`` drafts verified (the round's draft length), ``accepted[r]`` of them
     accepted (not counting the target's correction/bonus token), ``draft_tokens[r]`` the ids
     verified, ``round_target_s[r]`` and ``round_drafter_s[r]`` the seconds spent in the round's
-    target forward and drafter forwards. ``target_forwards`` is the
-    number of rounds (one verification forward each, the prompt's prefill included in the
-    first); ``drafter_forwards = sum(drafted)``.
+    target forward and drafter forwards, ``round_wall_s[r]`` the whole round's.
+    ``target_forwards`` is the number of rounds (one verification forward each, the prompt's
+    prefill included in the first); ``drafter_forwards = sum(drafted)``.
     """
 
     tokens: Tensor
@@ -71,6 +71,7 @@ class SpeculativeResult:
     draft_tokens: list[list[int]] = field(default_factory=list)
     round_target_s: list[float] = field(default_factory=list)
     round_drafter_s: list[float] = field(default_factory=list)
+    round_wall_s: list[float] = field(default_factory=list)
     ended_by_eos: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -195,11 +196,13 @@ def generate(
     draft_tokens: list[list[int]] = []
     round_t: list[float] = []
     round_d: list[float] = []
+    round_w: list[float] = []
     t_time = d_time = 0.0
     ended_by_eos = False
     start = time.perf_counter()
     with torch.inference_mode():
         while len(seq) < max_len and not ended_by_eos:
+            round_start = time.perf_counter()
             old_len = len(seq)
             cap = max_len - old_len - 1
             pol.start_round(cap)
@@ -266,6 +269,7 @@ def generate(
             submitted.append(k)
             drafted.append(n)
             draft_tokens.append(drafts[:k])
+            round_w.append(time.perf_counter() - round_start)
     wall = time.perf_counter() - start
     return SpeculativeResult(
         tokens=torch.tensor(seq[prompt_len:], dtype=torch.long),
@@ -280,5 +284,6 @@ def generate(
         draft_tokens=draft_tokens,
         round_target_s=round_t,
         round_drafter_s=round_d,
+        round_wall_s=round_w,
         ended_by_eos=ended_by_eos,
     )
