@@ -1,21 +1,28 @@
 """Drafting policies compared on the embedded pair: forwards, acceptance, modelled cost and wall clock.
 
     python benchmarks/bench_speculative.py [--prompts 16] [--tokens 64] [--calib-prompts 8]
-        [--threads 1] [--boot 2000] [--hf] [--quick]
+        [--threads 1] [--boot 2000] [--hf] [--quick] [--costs C,V1,DV]
 
 1. Measures the cost model (``c`` = drafter/target single-token forward time, ``V(k)`` = cost of
-   verifying ``k`` drafts) with :func:`companion.speculative.measure_costs`.
+   verifying ``k`` drafts) with the microbenchmark :func:`companion.speculative.measure_costs`,
+   for reference.
 2. Decodes each of the first ``--prompts`` prompts of the default set for ``--tokens`` tokens
-   under every policy: transformers' built-ins (``constant:K`` for K in 0..8, the confidence
-   threshold on a grid, the heuristic schedule) and the calibrated rule driven by the
-   drafter-side certificate, by ``q(1)`` only and by ``q(1) - q(2)``. The calibrated policies
-   get the measured ``c, v1, dv``; they start from a calibration warmed on ``--calib-prompts``
-   other prompts (the same snapshot for every evaluated prompt, so prompts stay independent),
-   and keep calibrating online; ``(cold)`` rows start from the prior on every prompt.
-3. Checks that every policy reproduced the target's greedy decoding token for token.
-4. Prints per policy: target forwards / token, drafter forwards / token, mean accepted length
+   under transformers' built-ins (``constant:K`` for K in 0..8, the confidence threshold on a
+   grid, the heuristic schedule), then fits the cost model on those runs' own rounds
+   (:func:`companion.speculative.costs_from_results`: a round's wall time minus its drafter
+   forwards is its target-side cost, the decoder's bookkeeping included): on a shared machine
+   this is steadier than the microbenchmark and it predicts wall-clock time; it is the model
+   every modelled cost below uses, unless ``--costs``
+   pins one (the measured ratios move by tens of percent with the load of a shared machine).
+3. Decodes the same prompts under the calibrated rule driven by the drafter-side certificate,
+   by ``q(1)`` only and by ``q(1) - q(2)``, given the fitted ``c, v1, dv``. They start from a
+   calibration warmed on ``--calib-prompts`` other prompts (the same snapshot for every
+   evaluated prompt, so prompts stay independent) and keep calibrating online; the ``(cold)``
+   row starts from the prior on every prompt.
+4. Checks that every policy reproduced the target's greedy decoding token for token.
+5. Prints per policy: target forwards / token, drafter forwards / token, mean accepted length
    per round, modelled cost / token, wall-clock tokens / s.
-5. Paired bootstrap over prompts of the ratio of modelled cost per token, certificate over the
+6. Paired bootstrap over prompts of the ratio of modelled cost per token, certificate over the
    best built-in policy (re-selected within every resample, so the baseline is tuned on the same
    prompts), and over transformers' defaults.
 With ``--hf`` it also runs transformers' assisted generation for the built-ins and counts the
@@ -34,7 +41,10 @@ import torch
 from companion.models import load_pair
 from companion.prompts import load_prompts
 from companion.speculative import (
+    CostModel,
     Policy,
+    SpeculativeResult,
+    costs_from_results,
     generate,
     hf_assisted_generate,
     measure_costs,
@@ -92,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--hf", action="store_true", help="also run transformers' assisted generation for the built-ins")
     ap.add_argument("--quick", action="store_true", help="a smaller grid of built-in policies")
+    ap.add_argument("--costs", metavar="C,V1,DV", default=None,
+                    help="pin the cost model instead of fitting it: c and V(k) = V1 + DV (k - 1) for k >= 1, "
+                         "e.g. 0.28,1.4,0.025 (c = 0.28, V(5) = 1.5)")
     args = ap.parse_args(argv)
     for name in ("prompts", "tokens", "threads", "boot"):
         if getattr(args, name) < 1:
@@ -100,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.calib_prompts < 0:
         print(f"error: --calib-prompts must be >= 0, got {args.calib_prompts}", file=sys.stderr)
         return 2
+    pinned = None
+    if args.costs is not None:
+        try:
+            c_pin, v1_pin, dv_pin = (float(x) for x in args.costs.split(","))
+            pinned = CostModel(c=c_pin, verify=(1.0,) + tuple(v1_pin + dv_pin * (k - 1) for k in range(1, 41)))
+        except ValueError as err:
+            print(f"error: --costs must be three numbers C,V1,DV with C >= 0, got {args.costs!r} ({err})", file=sys.stderr)
+            return 2
     torch.set_num_threads(args.threads)
     target, drafter, tok = load_pair("default")
     prompts = load_prompts("default")
@@ -112,47 +133,60 @@ def main(argv: list[str] | None = None) -> int:
     context = int(np.mean([x.shape[1] for x in evals])) + args.tokens // 2
 
     t0 = time.perf_counter()
-    costs = measure_costs(target, drafter, context=context, kmax=20, repeats=15)
-    knobs = costs.policy_defaults()
-    print(f"cost model at {context} cached tokens: target forward {costs.target_s * 1e3:.2f} ms, drafter "
-          f"{costs.drafter_s * 1e3:.2f} ms, c = {costs.c:.3f}; V(k) for k = 0..20: "
-          + " ".join(f"{v:.2f}" for v in costs.verify)
-          + f"; affine fit V(k) = {knobs['v1']:.3f} + {knobs['dv']:.4f} (k - 1)  [{time.perf_counter() - t0:.0f} s]")
+    micro = measure_costs(target, drafter, context=context, kmax=20, repeats=30)
+    print(f"microbenchmark at {context} cached tokens: target forward {micro.target_s * 1e3:.2f} ms, drafter "
+          f"{micro.drafter_s * 1e3:.2f} ms, c = {micro.c:.3f}; V(0..20) = "
+          + " ".join(f"{v:.2f}" for v in micro.verify) + f"  [{time.perf_counter() - t0:.0f} s]")
 
     builtins = builtin_policies(args.quick)
     calibrated = calibrated_policies()
+    results: dict[str, list[SpeculativeResult]] = {}
+    reference: list[torch.Tensor] = []
+    lossless_failures: list[str] = []
+
+    def record(name: str, i: int, r: SpeculativeResult) -> None:
+        results.setdefault(name, []).append(r)
+        if name == "constant:0":
+            reference.append(r.tokens)
+        elif not torch.equal(r.tokens, reference[i]):
+            lossless_failures.append(f"{name} on prompt {i}")
+
+    t0 = time.perf_counter()
+    for i, ids in enumerate(evals):  # phase 1: the built-ins (constant:0 first: the reference)
+        for spec in builtins:
+            record(spec, i, generate(target, drafter, ids, policy=spec, max_new_tokens=args.tokens))
+    fitted = costs_from_results([r for spec in builtins for r in results[spec]])
+    knobs = fitted.policy_defaults()
+    print(f"cost model fitted on the built-ins' own rounds{'' if pinned else ' (used below)'}: target forward "
+          f"{fitted.target_s * 1e3:.2f} ms, drafter {fitted.drafter_s * 1e3:.2f} ms, c = {fitted.c:.3f}; "
+          f"V(0..{len(fitted.verify) - 1}) = " + " ".join(f"{v:.2f}" for v in fitted.verify)
+          + f"; affine fit V(k) = {knobs['v1']:.3f} + {knobs['dv']:.4f} (k - 1)")
+    costs = fitted
+    if pinned is not None:
+        costs = pinned
+        knobs = {"c": c_pin, "v1": v1_pin, "dv": dv_pin}
+        print(f"pinned cost model (used below): c = {c_pin:g}, V(k) = {v1_pin:g} + {dv_pin:g} (k - 1), "
+              f"V(5) = {pinned.verify[5]:.3f}")
+
     warmed: dict[str, Policy] = {}
-    for spec in calibrated:
+    for spec in calibrated:  # phase 2: the calibrated rule, given the fitted costs
         pol = parse_policy(spec, **knobs)
         for ids in calib:
             generate(target, drafter, ids, policy=pol, max_new_tokens=args.tokens)
         warmed[spec] = pol
-    runs: list[tuple[str, object]] = [(s, s) for s in builtins]
-    runs += [(s.replace(":cal=kl", " (kl)"), warmed[s]) for s in calibrated]
-    runs += [("certificate (cold)", "cold")]
-    names = [name for name, _ in runs]
-
-    rows: dict[str, list[Row]] = {name: [] for name in names}
-    reference: list[torch.Tensor] = []
-    lossless_failures: list[str] = []
-    t0 = time.perf_counter()
     for i, ids in enumerate(evals):
-        for name, how in runs:
-            if how == "cold":
-                pol: str | Policy = parse_policy("certificate", **knobs)
-            elif isinstance(how, Policy):
-                pol = how.fresh()
-            else:
-                pol = str(how)
-            r = generate(target, drafter, ids, policy=pol, max_new_tokens=args.tokens)
-            if name == "constant:0":
-                reference.append(r.tokens)
-            elif not torch.equal(r.tokens, reference[i]):
-                lossless_failures.append(f"{name} on prompt {i}")
-            rows[name].append(Row(len(r.tokens), r.target_forwards, r.drafter_forwards, sum(r.accepted), r.rounds,
-                                  modelled_cost(r, costs) * len(r.tokens), r.timings.wall_s))
-    print(f"decoded {len(evals)} prompts x {len(runs)} policies in {time.perf_counter() - t0:.0f} s "
-          f"({args.calib_prompts} calibration prompts for the calibrated policies)")
+        for spec in calibrated:
+            record(spec.replace(":cal=kl", " (kl)"), i,
+                   generate(target, drafter, ids, policy=warmed[spec].fresh(), max_new_tokens=args.tokens))
+        record("certificate (cold)", i,
+               generate(target, drafter, ids, policy=parse_policy("certificate", **knobs), max_new_tokens=args.tokens))
+    names = list(results)
+    print(f"decoded {len(evals)} prompts x {len(names)} policies in {time.perf_counter() - t0:.0f} s "
+          f"({args.calib_prompts} calibration prompts warm the calibrated policies; '(cold)' starts from the prior "
+          "on every prompt)")
+    rows = {name: [Row(len(r.tokens), r.target_forwards, r.drafter_forwards, sum(r.accepted), r.rounds,
+                       modelled_cost(r, costs) * len(r.tokens), r.timings.wall_s) for r in rs]
+            for name, rs in results.items()}
 
     print(f"\n{'policy':<22} {'target/tok':>10} {'drafter/tok':>11} {'mean acc':>9} {'cost/tok':>9} {'tok/s':>7}")
     for name in names:

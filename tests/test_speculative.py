@@ -28,6 +28,7 @@ from companion.speculative import (
     RoundOutcome,
     SpeculativeResult,
     Timings,
+    costs_from_results,
     drafter_rho,
     generate,
     hf_assisted_generate,
@@ -59,6 +60,8 @@ def pair():
 
 def check_bookkeeping(r: SpeculativeResult, max_new_tokens: int) -> None:
     assert r.target_forwards == r.rounds == len(r.submitted) == len(r.drafted) == len(r.draft_tokens)
+    assert len(r.round_wall_s) == len(r.round_target_s) == len(r.round_drafter_s) == r.rounds
+    assert all(w >= t + d for w, t, d in zip(r.round_wall_s, r.round_target_s, r.round_drafter_s))
     assert r.drafter_forwards == sum(r.drafted)
     for n, k, a, d in zip(r.drafted, r.submitted, r.accepted, r.draft_tokens):
         assert 0 <= a <= k <= n and len(d) == k, (n, k, a, d)
@@ -293,6 +296,8 @@ def test_optimal_rate_matches_exact_recursion(first, later, c, v1, dv, kmax):
         tokens = 1.0 + sum(m1 * m2 ** (j - 1) for j in range(1, k + 1))
         assert lam >= tokens / (vc(k) + c * k) - 1e-3
     assert len(tables) == kmax + 1 and np.all(tables[-1] == 0)
+    for guess in (lam, lam + 0.03, 1.0, kmax + 1.0):  # a guess only narrows the bracket
+        assert optimal_rate(laws, c, vc, kmax, guess=guess)[0] == pytest.approx(lam, abs=2e-4)
 
 
 @given(first=law_st, c=st.floats(0.0, 0.8), v1=st.floats(1.0, 2.0))
@@ -368,7 +373,7 @@ def test_calibrated_policy_learns_which_drafts_survive():
 def test_exploration_breaks_a_run_of_empty_rounds():
     pol = Calibrated(c=5.0, v1=3.0, explore=3)  # drafting never pays under these costs
     sizes = []
-    for _ in range(8):
+    for _ in range(12):
         pol.start_round(10)
         n = 0
         while pol.wants_draft(n):
@@ -377,7 +382,8 @@ def test_exploration_breaks_a_run_of_empty_rounds():
         k = pol.submit(n)
         sizes.append(k)
         pol.end_round(RoundOutcome(drafted=n, submitted=k, accepted=k))
-    assert sizes == [0, 0, 0, 1, 0, 0, 0, 1]
+    # a forced draft after 3 idle rounds, then after 6 (the wait doubles while drafting does not pay)
+    assert sizes == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]
 
 
 # -- drafter-side certificate ----------------------------------------------------------------------
@@ -414,6 +420,18 @@ def test_drafter_certificate_for_greedy_matches_slsqp():
         assert rho == pytest.approx(slsqp_drafter_greedy(q.numpy()), rel=1e-5, abs=1e-9)
 
 
+@pytest.mark.parametrize("criterion", ["greedy", "multiplicative:0.1", "topm:3"])
+def test_drafter_rho_is_the_libraries_drafter_side_certificate(criterion):
+    side = pytest.importorskip("companion.drafter_side")
+    rng = np.random.default_rng(2)
+    crit = parse_criterion(criterion)
+    for _ in range(20):
+        logits = torch.tensor(rng.normal(size=50) * 3.0, dtype=torch.float64)
+        top = torch.topk(torch.softmax(logits, -1), 2).values
+        ours = drafter_rho(logits, crit, float(top[0]), float(top[1]))
+        assert ours == pytest.approx(float(side.drafter_certificate(logits, crit, from_logits=True)), rel=1e-9)
+
+
 # -- cost model -------------------------------------------------------------------------------------
 def test_modelled_cost_by_hand():
     costs = CostModel(c=0.3, verify=(1.0, 1.5, 1.6, 1.7))
@@ -435,6 +453,32 @@ def test_cost_model_affine_fit_and_errors():
         CostModel(c=-0.1, verify=(1.0,))
     with pytest.raises(ValueError, match="number of drafts"):
         cm.verify_cost(-1)
+
+
+def fake_run(submitted: list[int], drafted: list[int], t_of_k, d_per_call: float) -> SpeculativeResult:
+    return SpeculativeResult(
+        tokens=torch.zeros(len(submitted), dtype=torch.long), target_forwards=len(submitted),
+        drafter_forwards=sum(drafted), accepted=[0] * len(submitted), submitted=submitted, drafted=drafted,
+        policy="x", criterion="greedy", timings=Timings(1.0, 0.5, 0.5),
+        round_target_s=[t_of_k(k) + (100.0 if i == 0 else 0.0) for i, k in enumerate(submitted)],
+        round_drafter_s=[d_per_call * n for n in drafted],
+        round_wall_s=[t_of_k(k) + 0.001 + d_per_call * n + (100.0 if i == 0 else 0.0)
+                      for i, (k, n) in enumerate(zip(submitted, drafted))])
+
+
+def test_costs_from_results_recover_the_generating_model():
+    t_of_k = lambda k: 0.01 * (1.0 if k == 0 else 1.5 + 0.1 * (k - 1))
+    runs = [fake_run([0] * 8, [0] * 8, t_of_k, 0.0), fake_run([1] * 8, [1] * 8, t_of_k, 0.003),
+            fake_run([4] * 8, [5] * 8, t_of_k, 0.003)]
+    cm = costs_from_results(runs, overhead=False)
+    assert cm.c == pytest.approx(0.3)
+    assert cm.verify == pytest.approx((1.0, 1.5, 1.6, 1.7, 1.8))  # 2 and 3 interpolated between 1 and 4
+    # with the 1 ms of per-round bookkeeping counted on the target side
+    cm = costs_from_results(runs)
+    assert cm.c == pytest.approx(0.003 / 0.011)
+    assert cm.verify == pytest.approx(tuple((0.01 * v + 0.001) / 0.011 for v in (1.0, 1.5, 1.6, 1.7, 1.8)))
+    with pytest.raises(ValueError, match="cannot fit a cost model"):
+        costs_from_results(runs[1:])
 
 
 def test_measure_costs_on_the_pair(pair):

@@ -9,7 +9,12 @@ lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
 :func:`hf_assisted_generate` runs transformers' own assisted generation under the same spec
 for a round-by-round comparison.
 """
-from companion.speculative.costs import CostModel, measure_costs, modelled_cost
+from companion.speculative.costs import (
+    CostModel,
+    costs_from_results,
+    measure_costs,
+    modelled_cost,
+)
 from companion.speculative.decoder import (
     SpeculativeResult,
     Timings,
@@ -41,6 +46,7 @@ __all__ = [
     "RoundOutcome",
     "SpeculativeResult",
     "Timings",
+    "costs_from_results",
     "drafter_rho",
     "generate",
     "hf_assisted_generate",

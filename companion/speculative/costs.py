@@ -6,6 +6,10 @@ Unit: one single-token target forward with a warm KV cache. Then
 * ``V(k)`` = (time of a target forward over ``k + 1`` new tokens, i.e. verifying ``k`` drafts) /
   (single-token target forward time); ``V(0) = 1``.
 
+Two ways to measure them: :func:`measure_costs`, a microbenchmark of isolated forwards at a fixed
+context length, and :func:`costs_from_results`, a fit on the per-round forward times of actual
+decoding runs (steadier on a shared machine, and measured under the decoder's own conditions).
+
 A generation whose rounds verified ``k_1, k_2, ...`` drafts with ``D`` drafter forwards in all
 has modelled cost ``sum_r V(k_r) + c D``, reported per generated token by :func:`modelled_cost`.
 The prompt's prefill is counted as an ordinary forward for both models (it is the same for
@@ -88,13 +92,55 @@ def modelled_cost(result: SpeculativeResult, costs: CostModel) -> float:
     return total / n
 
 
+def costs_from_results(results: list[SpeculativeResult], *, min_rounds: int = 5, overhead: bool = True) -> CostModel:
+    """The cost model fitted on decoding runs themselves, from their per-round times.
+
+    A round's target-side time is its wall time minus its drafter forwards (``overhead=True``: the
+    decoder's own per-round and per-draft bookkeeping counts with the verification, so that the
+    model predicts wall-clock time; it is not negligible next to a few-millisecond forward) or its
+    target forward alone (``overhead=False``). The first round of every run (it carries the
+    prompt's prefill) is left out. ``V(k)`` is the median target-side time of rounds that verified
+    ``k`` drafts over the median of rounds that verified none; ``c`` the median drafter forward
+    time per call over that same median.
+    Draft counts seen in fewer than ``min_rounds`` rounds are filled by linear interpolation
+    between measured neighbours (and the table stops at the largest measured count). Needs rounds
+    without drafts (e.g. a ``constant:0`` run) and rounds with drafts.
+    """
+    by_k: dict[int, list[float]] = {}
+    per_call: list[float] = []
+    for r in results:
+        for i in range(1, len(r.round_target_s)):
+            t = r.round_wall_s[i] - r.round_drafter_s[i] if overhead else r.round_target_s[i]
+            by_k.setdefault(r.submitted[i], []).append(t)
+            if r.drafted[i]:
+                per_call.append(r.round_drafter_s[i] / r.drafted[i])
+    measured = {k: statistics.median(v) for k, v in by_k.items() if len(v) >= min_rounds}
+    if 0 not in measured or not per_call or len(measured) < 2:
+        raise ValueError(
+            f"cannot fit a cost model: need >= {min_rounds} rounds without drafts and with drafts "
+            f"(rounds per draft count: { {k: len(v) for k, v in sorted(by_k.items())} })")
+    t1 = measured[0]
+    ks = sorted(measured)
+    verify = [1.0]
+    for k in range(1, ks[-1] + 1):
+        if k in measured:
+            verify.append(measured[k] / t1)
+        else:
+            lo = max(j for j in ks if j < k)
+            hi = min(j for j in ks if j > k)
+            v_lo, v_hi = measured[lo] / t1, measured[hi] / t1
+            verify.append(v_lo + (v_hi - v_lo) * (k - lo) / (hi - lo))
+    d1 = statistics.median(per_call)
+    return CostModel(c=d1 / t1, verify=tuple(verify), target_s=t1, drafter_s=d1)
+
+
 def measure_costs(
     target: Any,
     drafter: Any,
     *,
     context: int = 128,
     kmax: int = 24,
-    repeats: int = 15,
+    repeats: int = 30,
     seed: int = 0,
 ) -> CostModel:
     """Measure ``c`` and ``V(0 .. kmax)`` with ``context`` tokens in both caches.

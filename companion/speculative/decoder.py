@@ -53,9 +53,10 @@ class SpeculativeResult:
     ``tokens``: the generated ids (1-D, prompt excluded). Per round ``r``: ``drafted[r]`` drafter
     calls, ``submitted[r]`` drafts verified (the round's draft length), ``accepted[r]`` of them
     accepted (not counting the target's correction/bonus token), ``draft_tokens[r]`` the ids
-    verified. ``target_forwards`` is the
-    number of rounds (one verification forward each, the prompt's prefill included in the
-    first); ``drafter_forwards = sum(drafted)``.
+    verified, ``round_target_s[r]`` and ``round_drafter_s[r]`` the seconds spent in the round's
+    target forward and drafter forwards, ``round_wall_s[r]`` the whole round's.
+    ``target_forwards`` is the number of rounds (one verification forward each, the prompt's
+    prefill included in the first); ``drafter_forwards = sum(drafted)``.
     """
 
     tokens: Tensor
@@ -68,6 +69,9 @@ class SpeculativeResult:
     criterion: str
     timings: Timings
     draft_tokens: list[list[int]] = field(default_factory=list)
+    round_target_s: list[float] = field(default_factory=list)
+    round_drafter_s: list[float] = field(default_factory=list)
+    round_wall_s: list[float] = field(default_factory=list)
     ended_by_eos: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -90,11 +94,6 @@ class SpeculativeResult:
         return len(self.tokens) / self.timings.wall_s if self.timings.wall_s > 0 else math.nan
 
 
-def _greedy_rho_tensor(q1: Tensor, q2: Tensor) -> Tensor:
-    """``-log(1 - (sqrt q1 - sqrt q2)^2)``, float64."""
-    return -torch.log1p(-(q1.sqrt() - q2.sqrt()) ** 2)
-
-
 @lru_cache(maxsize=1)
 def _drafter_side() -> Callable[..., Tensor] | None:
     try:
@@ -107,15 +106,18 @@ def _drafter_side() -> Callable[..., Tensor] | None:
 def drafter_rho(q_logits: Tensor, criterion: Criterion, q1: float, q2: float) -> float:
     """Drafter-side certificate of ``criterion`` at one drafter distribution (nats).
 
-    From :func:`companion.drafter_side.drafter_certificate` when that module is present; until
-    then the strict-greedy closed form ``-log(1 - (sqrt q(1) - sqrt q(2))^2)``: exact for
-    ``greedy``, and a sound (smaller) certificate for every criterion that accepts each target
-    argmax, since such a criterion rejects ``d`` only where strict greedy does.
+    For ``greedy`` the closed form ``-log(1 - (sqrt q(1) - sqrt q(2))^2)`` (exact; computed here in
+    float64 from ``q1, q2``, a thousand times cheaper than a general routine). Otherwise
+    :func:`companion.drafter_side.drafter_certificate` on the logits when that module is present,
+    and the strict-greedy closed form when it is not: a sound (smaller) certificate for every
+    criterion that accepts each target argmax, since such a criterion rejects ``d`` only where
+    strict greedy does.
     """
-    fn = _drafter_side()
+    fn = None if isinstance(criterion, StrictGreedy) else _drafter_side()
     if fn is not None:
         return float(fn(q_logits, criterion, from_logits=True))
-    return float(_greedy_rho_tensor(torch.tensor(q1, dtype=torch.float64), torch.tensor(q2, dtype=torch.float64)))
+    g = (math.sqrt(q1) - math.sqrt(q2)) ** 2
+    return math.inf if g >= 1.0 else -math.log1p(-g)
 
 
 def _eos_ids(eos_token_id: int | Sequence[int] | None, target: Any) -> frozenset[int]:
@@ -192,16 +194,21 @@ def generate(
     submitted: list[int] = []
     drafted: list[int] = []
     draft_tokens: list[list[int]] = []
+    round_t: list[float] = []
+    round_d: list[float] = []
+    round_w: list[float] = []
     t_time = d_time = 0.0
     ended_by_eos = False
     start = time.perf_counter()
     with torch.inference_mode():
         while len(seq) < max_len and not ended_by_eos:
+            round_start = time.perf_counter()
             old_len = len(seq)
             cap = max_len - old_len - 1
             pol.start_round(cap)
             drafts: list[int] = []
             q_rows: list[Tensor] = []
+            d_before = d_time
             while len(drafts) < cap and pol.wants_draft(len(drafts)):
                 ctx = seq + drafts
                 t0 = time.perf_counter()
@@ -225,7 +232,9 @@ def generate(
 
             t0 = time.perf_counter()
             p_logits = _forward(target, seq[t_len:] + drafts[:k], tcache, k + 1)
-            t_time += time.perf_counter() - t0
+            round_t.append(time.perf_counter() - t0)
+            t_time += round_t[-1]
+            round_d.append(d_time - d_before)
             greedy = p_logits.argmax(-1).tolist()
             if lossless:
                 ok = [drafts[j] == greedy[j] for j in range(k)]
@@ -260,6 +269,7 @@ def generate(
             submitted.append(k)
             drafted.append(n)
             draft_tokens.append(drafts[:k])
+            round_w.append(time.perf_counter() - round_start)
     wall = time.perf_counter() - start
     return SpeculativeResult(
         tokens=torch.tensor(seq[prompt_len:], dtype=torch.long),
@@ -272,5 +282,8 @@ def generate(
         criterion=str(crit),
         timings=Timings(wall_s=wall, target_s=t_time, drafter_s=d_time),
         draft_tokens=draft_tokens,
+        round_target_s=round_t,
+        round_drafter_s=round_d,
+        round_wall_s=round_w,
         ended_by_eos=ended_by_eos,
     )

@@ -91,7 +91,10 @@ positions it verified, namely the accepted drafts and the first rejected one):
   little; it is kept for comparison.
 
 Exploration: a round that submits nothing teaches nothing, so after ``explore`` such rounds in a
-row one draft is made and verified regardless.
+row one draft is made and verified regardless; the wait doubles after every forced draft until
+the policy drafts of its own accord again (so a pair on which drafting never pays costs only a
+logarithmic number of forced drafts). The calibration and the plan are refreshed every 8 newly
+verified steps.
 
 Knobs (``name=value``, comma separated): ``c`` (0.28), ``v1`` (1.5), ``dv`` (0.025), ``kmax`` (16),
 ``prior`` (0.8), ``n0`` (4), ``bins`` (16), ``cal`` (``bins`` or ``kl``), ``explore`` (8, 0 = never),
@@ -333,19 +336,27 @@ def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[in
 
 
 def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int,
-                 tol: float = 1e-4) -> tuple[float, list[np.ndarray]]:
+                 tol: float = 1e-4, guess: float | None = None) -> tuple[float, list[np.ndarray]]:
     """``(lam*, W tables at lam*)``: the root of ``1 - lam + W_0(1; lam) = 0`` by bisection on ``[1, kmax + 1]``.
 
     ``1 - lam + W_0(1; lam)`` is the best ``E[N] - lam E[C]`` of a round (one target token at cost
     ``V(0) = 1`` plus the value of drafting); it decreases in ``lam``, and its root is the best
-    tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays.
+    tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays. ``guess``
+    (e.g. the previous root) narrows the first bracket to ``guess +- 0.05`` when it holds the root.
     """
+    def excess(lam: float) -> float:
+        return 1.0 - lam + bellman(lam, laws, c, verify_cost, kmax)[0][-1]
+
     lo, hi = 1.0, float(kmax + 1)
-    if bellman(lo, laws, c, verify_cost, kmax)[0][-1] <= 0.0:
+    if excess(lo) <= 0.0:
         return 1.0, bellman(1.0, laws, c, verify_cost, kmax)
+    if guess is not None:
+        g_lo, g_hi = max(lo, guess - 0.05), min(hi, guess + 0.05)
+        if excess(g_lo) > 0.0 and excess(g_hi) <= 0.0:
+            lo, hi = g_lo, g_hi
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
-        if 1.0 - mid + bellman(mid, laws, c, verify_cost, kmax)[0][-1] > 0.0:
+        if excess(mid) > 0.0:
             lo = mid
         else:
             hi = mid
@@ -369,10 +380,15 @@ class Calibrated(Policy):
     window: int = 0
     # running state
     idle: int = field(default=0, repr=False)  # consecutive rounds that verified no draft
+    explore_after: int = field(default=-1, repr=False)  # idle rounds before the next forced draft
+    fresh_steps: int = field(default=0, repr=False)  # verified steps since the plan was computed
     scores: list[float] = field(default_factory=list, repr=False)  # score of every verified step (u, or the certificate for cal=kl)
     accepted: list[float] = field(default_factory=list, repr=False)  # 1.0 / 0.0 per verified step
     position_one: list[bool] = field(default_factory=list, repr=False)  # whether it was a round's first draft
     kls: list[float] = field(default_factory=list, repr=False)  # cal=kl: sorted KL(p||q) of verified steps
+
+    REFRESH: ClassVar[int] = 8
+    """The calibration tables and the plan are recomputed after this many new verified steps."""
 
     def __post_init__(self) -> None:
         if self.kind not in SCORES:
@@ -380,6 +396,9 @@ class Calibrated(Policy):
         if self.cal not in ("bins", "kl"):
             raise ValueError(f"{self.kind} knob cal must be 'bins' or 'kl', got {self.cal!r}")
         self._table: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_rate: float | None = None
+        if self.explore_after < 0:
+            self.explore_after = self.explore
         self._plan: tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
         self._steps: list[DraftStep] = []
         self._surv: list[float] = [1.0]
@@ -447,7 +466,8 @@ class Calibrated(Policy):
         """``(lam*, [W_0 .. W_kmax], survival laws)`` for the current calibration (cached until new data)."""
         if self._plan is None:
             laws = [self._survival_law(True), self._survival_law(False)]
-            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax)
+            lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax, tol=1e-3, guess=self._last_rate)
+            self._last_rate = lam
             self._plan = (lam, tables, laws)
         return self._plan
 
@@ -461,7 +481,7 @@ class Calibrated(Policy):
         super().start_round(min(cap, self.kmax))
         self._steps = []
         self._surv = [1.0]  # S_0, S_1, ...
-        self._exploring = self.explore > 0 and self.idle >= self.explore
+        self._exploring = self.explore > 0 and self.idle >= self.explore_after
 
     def _objective(self, k: int, i: int) -> float:
         lam = self.plan()[0]
@@ -495,13 +515,19 @@ class Calibrated(Policy):
 
     def end_round(self, outcome: RoundOutcome) -> None:
         self.idle = 0 if outcome.submitted else self.idle + 1
+        if self._exploring:
+            self.explore_after *= 2
+        elif outcome.submitted:
+            self.explore_after = self.explore
         for j in range(outcome.verified):
             self.scores.append(self._score(self._steps[j]))
             self.accepted.append(1.0 if j < outcome.accepted else 0.0)
             self.position_one.append(j == 0)
             if self.cal == "kl" and j < len(outcome.kl):
                 bisect.insort(self.kls, outcome.kl[j])
-        if outcome.verified:
+        self.fresh_steps += outcome.verified
+        if self.fresh_steps >= self.REFRESH or self._plan is None:
+            self.fresh_steps = 0
             self._table = None
             self._plan = None
 
