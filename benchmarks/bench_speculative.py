@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,55 +40,13 @@ import torch
 from companion.models import load_pair
 from companion.prompts import load_prompts
 from companion.speculative import (
+    DEFAULTS,
     CostModel,
-    Policy,
-    SpeculativeResult,
-    costs_from_results,
-    generate,
-    hf_assisted_generate,
+    builtin_policies,
+    compare_policies,
+    hf_agreement,
     measure_costs,
-    modelled_cost,
-    parse_policy,
 )
-
-CONFIDENCE_GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-DEFAULTS = ("confidence:0.4", "heuristic:20,0.4")  # transformers 4.57 out of the box; its heuristic with 0.4 kept
-
-
-@dataclass
-class Row:
-    tokens: int
-    target_forwards: int
-    drafter_forwards: int
-    accepted: int
-    rounds: int
-    cost: float
-    wall: float
-
-
-def builtin_policies(quick: bool) -> list[str]:
-    ks = (0, 2, 3, 4, 5) if quick else tuple(range(9))
-    grid = (0.2, 0.4, 0.6) if quick else CONFIDENCE_GRID
-    return ([f"constant:{k}" for k in ks] + [f"confidence:{t}" for t in grid]
-            + ["heuristic", "heuristic:5", "heuristic:20,0.4"])
-
-
-def calibrated_policies() -> list[str]:
-    return ["certificate", "top1", "margin", "certificate:cal=kl"]
-
-
-def bootstrap_ratio(costs: dict[str, np.ndarray], tokens: np.ndarray, num: str, den: list[str],
-                    n_boot: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Point estimate and 95% percentile interval of ``rate(num) / min_b rate(b)``, resampling prompts."""
-    def ratio(idx: np.ndarray) -> float:
-        t = tokens[idx].sum()
-        best = min(costs[b][idx].sum() / t for b in den)
-        return costs[num][idx].sum() / t / best
-    n = len(tokens)
-    point = ratio(np.arange(n))
-    boots = np.array([ratio(rng.integers(0, n, n)) for _ in range(n_boot)])
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return point, float(lo), float(hi)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,97 +96,46 @@ def main(argv: list[str] | None = None) -> int:
           + " ".join(f"{v:.2f}" for v in micro.verify) + f"  [{time.perf_counter() - t0:.0f} s]")
 
     builtins = builtin_policies(args.quick)
-    calibrated = calibrated_policies()
-    results: dict[str, list[SpeculativeResult]] = {}
-    reference: list[torch.Tensor] = []
-    lossless_failures: list[str] = []
-
-    def record(name: str, i: int, r: SpeculativeResult) -> None:
-        results.setdefault(name, []).append(r)
-        if name == "constant:0":
-            reference.append(r.tokens)
-        elif not torch.equal(r.tokens, reference[i]):
-            lossless_failures.append(f"{name} on prompt {i}")
-
     t0 = time.perf_counter()
-    for i, ids in enumerate(evals):  # phase 1: the built-ins (constant:0 first: the reference)
-        for spec in builtins:
-            record(spec, i, generate(target, drafter, ids, policy=spec, max_new_tokens=args.tokens))
-    fitted = costs_from_results([r for spec in builtins for r in results[spec]])
-    knobs = fitted.policy_defaults()
+    cmp = compare_policies(target, drafter, evals, calib, max_new_tokens=args.tokens, builtins=builtins, costs=pinned)
+    fitted = cmp.fitted
+    v1, dv = fitted.affine()
     print(f"cost model fitted on the built-ins' own rounds{'' if pinned else ' (used below)'}: target forward "
           f"{fitted.target_s * 1e3:.2f} ms, drafter {fitted.drafter_s * 1e3:.2f} ms, c = {fitted.c:.3f}; "
           f"V(0..{len(fitted.verify) - 1}) = " + " ".join(f"{v:.2f}" for v in fitted.verify)
-          + f"; affine fit V(k) = {knobs['v1']:.3f} + {knobs['dv']:.4f} (k - 1)")
-    costs = fitted
+          + f"; affine fit V(k) = {v1:.3f} + {dv:.4f} (k - 1)")
     if pinned is not None:
-        costs = pinned
-        knobs = {"c": c_pin, "v1": v1_pin, "dv": dv_pin}
         print(f"pinned cost model (used below): c = {c_pin:g}, V(k) = {v1_pin:g} + {dv_pin:g} (k - 1), "
               f"V(5) = {pinned.verify[5]:.3f}")
-
-    warmed: dict[str, Policy] = {}
-    for spec in calibrated:  # phase 2: the calibrated rule, given the fitted costs
-        pol = parse_policy(spec, **knobs)
-        for ids in calib:
-            generate(target, drafter, ids, policy=pol, max_new_tokens=args.tokens)
-        warmed[spec] = pol
-    for i, ids in enumerate(evals):
-        for spec in calibrated:
-            record(spec.replace(":cal=kl", " (kl)"), i,
-                   generate(target, drafter, ids, policy=warmed[spec].fresh(), max_new_tokens=args.tokens))
-        record("certificate (cold)", i,
-               generate(target, drafter, ids, policy=parse_policy("certificate", **knobs), max_new_tokens=args.tokens))
-    names = list(results)
-    print(f"decoded {len(evals)} prompts x {len(names)} policies in {time.perf_counter() - t0:.0f} s "
+    print(f"decoded {len(evals)} prompts x {len(cmp.policies)} policies in {time.perf_counter() - t0:.0f} s "
           f"({args.calib_prompts} calibration prompts warm the calibrated policies; '(cold)' starts from the prior "
           "on every prompt)")
-    rows = {name: [Row(len(r.tokens), r.target_forwards, r.drafter_forwards, sum(r.accepted), r.rounds,
-                       modelled_cost(r, costs) * len(r.tokens), r.timings.wall_s) for r in rs]
-            for name, rs in results.items()}
 
     print(f"\n{'policy':<22} {'target/tok':>10} {'drafter/tok':>11} {'mean acc':>9} {'cost/tok':>9} {'tok/s':>7}")
-    for name in names:
-        rs = rows[name]
-        n_tok = sum(r.tokens for r in rs)
-        print(f"{name:<22} {sum(r.target_forwards for r in rs) / n_tok:>10.3f} "
-              f"{sum(r.drafter_forwards for r in rs) / n_tok:>11.3f} "
-              f"{sum(r.accepted for r in rs) / sum(r.rounds for r in rs):>9.3f} "
-              f"{sum(r.cost for r in rs) / n_tok:>9.4f} {n_tok / sum(r.wall for r in rs):>7.1f}")
-    print("lossless: every policy reproduced the target's greedy decoding" if not lossless_failures
-          else f"NOT lossless: {', '.join(lossless_failures)}")
+    for r in cmp.summaries():
+        print(f"{r.policy:<22} {r.target_per_token:>10.3f} {r.drafter_per_token:>11.3f} {r.mean_accepted:>9.3f} "
+              f"{r.cost_per_token:>9.4f} {r.tokens_per_s:>7.1f}")
+    print("lossless: every policy reproduced the target's greedy decoding" if cmp.lossless
+          else f"NOT lossless: {', '.join(cmp.lossless_failures)}")
 
-    tokens = np.array([r.tokens for r in rows["constant:0"]], dtype=float)
-    cost_arr = {name: np.array([r.cost for r in rows[name]]) for name in names}
-    best = min(builtins, key=lambda b: cost_arr[b].sum())
-    rng = np.random.default_rng(args.seed)
-    print(f"\nbest built-in on these prompts: {best}; paired bootstrap over {len(evals)} prompts, {args.boot} resamples, "
-          "95% interval of the cost-per-token ratio")
-    for name in names[len(builtins):]:
+    print(f"\nbest built-in on these prompts: {cmp.best_builtin()}; paired bootstrap over {len(evals)} prompts, "
+          f"{args.boot} resamples, 95% interval of the cost-per-token ratio")
+    for name in cmp.policies[len(builtins):]:
         parts = []
         for label, den in (("best built-in", builtins), *((d, [d]) for d in DEFAULTS if d in builtins)):
-            point, lo, hi = bootstrap_ratio(cost_arr, tokens, name, den, args.boot, rng)
-            parts.append(f"vs {label}: {point:.3f} [{lo:.3f}, {hi:.3f}]")
+            e = cmp.ratio(name, den, n_boot=args.boot, seed=args.seed)
+            parts.append(f"vs {label}: {e.point:.3f} [{e.lo:.3f}, {e.hi:.3f}]")
         print(f"{name:<22} " + "; ".join(parts))
     for other in ("top1", "margin"):
-        if other in cost_arr:
-            point, lo, hi = bootstrap_ratio(cost_arr, tokens, "certificate", [other], args.boot, rng)
-            print(f"certificate vs {other}: {point:.3f} [{lo:.3f}, {hi:.3f}]")
+        if other in cmp.results:
+            e = cmp.ratio("certificate", [other], n_boot=args.boot, seed=args.seed)
+            print(f"certificate vs {other}: {e.point:.3f} [{e.lo:.3f}, {e.hi:.3f}]")
 
     if args.hf:
-        matched, total, hf_wall, hf_tok = 0, 0, 0.0, 0
-        for ids in evals:
-            for spec in builtins:
-                ours = generate(target, drafter, ids, policy=spec, max_new_tokens=args.tokens)
-                theirs = hf_assisted_generate(target, drafter, ids, policy=spec, max_new_tokens=args.tokens)
-                total += 1
-                hf_wall += theirs.timings.wall_s
-                hf_tok += len(theirs.tokens)
-                matched += (ours.accepted == theirs.accepted and ours.submitted == theirs.submitted
-                            and torch.equal(ours.tokens, theirs.tokens))
-        print(f"\ntransformers' assisted generation: {matched}/{total} (prompt, policy) runs identical round for round; "
-              f"its wall clock {hf_tok / hf_wall:.1f} tok/s over the built-ins")
-    return 0 if not lossless_failures else 1
+        hf = hf_agreement(target, drafter, evals, builtins, max_new_tokens=args.tokens)
+        print(f"\ntransformers' assisted generation: {hf.matched}/{hf.total} (prompt, policy) runs identical round for "
+              f"round; its wall clock {hf.tokens_per_s:.1f} tok/s over the built-ins")
+    return 0 if cmp.lossless else 1
 
 
 if __name__ == "__main__":

@@ -134,3 +134,108 @@ def brute_force_tree_certificate(p: np.ndarray, m: int, divergence: str = "forwa
     others = [z for z in range(len(p)) if p[z] != p.max()]
     return min((_solve(p, divergence, [(z, int(g)) for z in subset for g in maximisers], restarts, rng)
                 for subset in itertools.combinations(others, m)), default=math.inf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafter side: min KL(p || q) over the target p, directly on the simplex.
+
+_D_LB = 1e-16
+
+
+def _d_kl_and_grad(q: np.ndarray):
+    log_q = np.log(q)
+
+    def fun(p: np.ndarray) -> tuple[float, np.ndarray]:
+        p = np.clip(p, _D_LB, None)
+        return float(np.sum(p * (np.log(p) - log_q))), np.log(p) - log_q + 1
+
+    return fun
+
+
+def _d_linear(vec: np.ndarray, const: float) -> dict:
+    """The constraint ``vec . p + const >= 0``."""
+    return {"type": "ineq", "fun": lambda p: float(vec @ p + const), "jac": lambda p: vec}
+
+
+def _d_solve(q: np.ndarray, cons: list[dict], starts: list[np.ndarray]) -> float:
+    fun = _d_kl_and_grad(q)
+    v = len(q)
+    every = [{"type": "eq", "fun": lambda p: p.sum() - 1, "jac": lambda p: np.ones(v)}] + cons
+    best = math.inf
+    for p0 in starts:
+        res = minimize(fun, p0, jac=True, method="SLSQP", bounds=[(_D_LB, 1.0)] * v, constraints=every,
+                       options={"ftol": 1e-16, "maxiter": 2000})
+        if abs(res.x.sum() - 1) < 1e-9 and all(c["fun"](res.x) >= -1e-10 for c in cons):
+            best = min(best, fun(res.x)[0])
+    return best
+
+
+def brute_force_drafter_certificate(q: np.ndarray, spec: str, seed: int = 0) -> float:
+    """``rho~_c(q) = min KL(p||q)`` over the closure of the targets ``p`` under which ``c`` rejects ``argmax q``.
+
+    A reference for :mod:`companion.drafter_side`, written from each criterion's definition and
+    nothing else: one SLSQP problem (several starts) per branch of the rejection region: every
+    competitor ``z`` (greedy, relaxed), every set of ``m`` competitors (top-m), every token
+    outside the drafter's top ``m`` (``tree:M``), typical acceptance's two conditions together.
+    ``argmax q`` is the top of a stable sort (callers avoid ties where they matter). ``spec``
+    is a criterion spec or ``tree:M``. Keep ``V`` small (<= 8).
+    """
+    q = np.asarray(q, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    v = len(q)
+    order = np.argsort(-q, kind="stable")
+    d = int(order[0])
+    others = [z for z in range(v) if z != d]
+    eye = np.eye(v)
+    base = [q.copy(), np.full(v, 1.0 / v)] + [rng.dirichlet(np.ones(v)) for _ in range(3)]
+
+    def toward(z: int, w: float) -> np.ndarray:
+        return w * eye[z] + (1 - w) * q
+
+    kind, _, arg = spec.partition(":")
+    branches: list[tuple[list[dict], list[np.ndarray]]] = []
+    if kind == "greedy":
+        branches = [([_d_linear(eye[z] - eye[d], 0.0)], [toward(z, 0.5)]) for z in others]
+    elif kind == "multiplicative":
+        a = float(arg)
+        branches = [([_d_linear(a * eye[z] - eye[d], 0.0)], [toward(z, 0.7)]) for z in others]
+    elif kind == "additive":
+        delta = float(arg)
+        if delta >= 1:
+            return math.inf
+        branches = [([_d_linear(eye[z] - eye[d], -delta)], [toward(z, min(0.999, 0.5 + delta))]) for z in others]
+    elif kind == "topm":
+        m = int(arg)
+        for group in itertools.combinations(others, m):
+            branches.append(([_d_linear(eye[z] - eye[d], 0.0) for z in group],
+                             [0.9 * sum(eye[z] for z in group) / m + 0.1 * q]))
+    elif kind == "tree":
+        m = int(arg)
+        tree = [int(i) for i in order[:m]]
+        for y in (int(i) for i in order[m:]):
+            branches.append(([_d_linear(eye[y] - eye[z], 0.0) for z in tree], [toward(y, 0.7)]))
+    elif kind == "topk-delta":
+        k, delta = arg.split(",")
+        best = brute_force_drafter_certificate(q, f"additive:{delta}", seed)
+        return min(best, brute_force_drafter_certificate(q, f"topm:{k}", seed)) if int(k) < v else best
+    elif kind == "typical":
+        eps, delta = (float(x) for x in arg.split(","))
+
+        def entropy_cap(p: np.ndarray) -> float:  # log delta - log p_d - H(p) >= 0
+            p = np.clip(p, _D_LB, None)
+            return math.log(delta) - math.log(p[d]) + float(np.sum(p * np.log(p)))
+
+        def entropy_cap_jac(p: np.ndarray) -> np.ndarray:
+            p = np.clip(p, _D_LB, None)
+            jac = np.log(p) + 1
+            jac[d] -= 1 / p[d]
+            return jac
+
+        cons = [{"type": "ineq", "fun": entropy_cap, "jac": entropy_cap_jac}, _d_linear(-eye[d], eps)]
+        # near the point mass on d too: with delta >= 1 it is rejected (H = 0, p_d = 1 <= delta)
+        starts = [toward(z, w) for z in others for w in (0.6, 0.9, 0.99)] + [toward(d, 0.999), toward(d, 1 - 1e-9)]
+        base += [rng.dirichlet(np.ones(v)) for _ in range(3)]
+        branches = [(cons, starts)]
+    else:
+        raise ValueError(spec)
+    return min(_d_solve(q, cons, base + extra) for cons, extra in branches)

@@ -489,3 +489,37 @@ def test_measure_costs_on_the_pair(pair):
     assert cm.c > 0 and cm.target_s > 0 and cm.drafter_s > 0
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         measure_costs(target, drafter, repeats=0)
+
+
+def test_compare_policies_prices_and_bootstraps_consistently(pair):
+    from companion.speculative import compare_policies, hf_agreement
+
+    target, drafter, prompts = pair[0], pair[1], pair[2]
+    evals, calib = prompts[:2], prompts[2:3]
+    pinned = CostModel(c=0.3, verify=(1.0,) + tuple(1.2 + 0.05 * (k - 1) for k in range(1, 41)))
+    builtins = ["constant:0", "constant:2", "confidence:0.4", "heuristic"]
+    cmp = compare_policies(target, drafter, evals, calib, max_new_tokens=12, builtins=builtins, costs=pinned)
+    assert cmp.lossless, cmp.lossless_failures
+    assert cmp.policies[:4] == builtins and "certificate" in cmp.policies and "certificate (cold)" in cmp.policies
+    tokens = cmp.tokens()
+    for name in cmp.policies:
+        s = cmp.summary(name)
+        rs = cmp.results[name]
+        # cost per token is the token-weighted mean of the per-run modelled costs
+        by_hand = sum(modelled_cost(r, pinned) * len(r.tokens) for r in rs) / tokens.sum()
+        assert s.cost_per_token == pytest.approx(by_hand, rel=1e-12)
+        assert s.target_per_token == pytest.approx(sum(r.target_forwards for r in rs) / tokens.sum())
+    # plain decoding: one target forward per token, no drafter, cost exactly 1 per token
+    plain = cmp.summary("constant:0")
+    assert plain.target_per_token == 1.0 and plain.drafter_per_token == 0.0 and plain.cost_per_token == 1.0
+    best = cmp.best_builtin()
+    assert all(cmp.summary(best).cost_per_token <= cmp.summary(b).cost_per_token for b in builtins)
+    # a policy against itself: ratio 1 in every resample; against the best built-in: >= the point for a built-in
+    same = cmp.ratio("heuristic", ["heuristic"], n_boot=50)
+    assert (same.point, same.lo, same.hi) == (1.0, 1.0, 1.0)
+    r = cmp.ratio("constant:2", builtins, n_boot=200, seed=1)
+    assert r.point >= 1.0 and r.lo <= r.point <= r.hi
+    with pytest.raises(ValueError, match="constant:0"):
+        compare_policies(target, drafter, evals, builtins=["constant:2"], max_new_tokens=4)
+    hf = hf_agreement(target, drafter, evals[:2], ["constant:2", "heuristic"], max_new_tokens=12)
+    assert hf.total == 4 and hf.matched == 4, hf.mismatches

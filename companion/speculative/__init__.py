@@ -7,8 +7,21 @@ lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
 ``confidence:T``) and the calibrated cost rule (``certificate``, ``top1``, ``margin``).
 :func:`measure_costs` and :func:`modelled_cost` give the cost model, and
 :func:`hf_assisted_generate` runs transformers' own assisted generation under the same spec
-for a round-by-round comparison.
+for a round-by-round comparison. :func:`compare_policies` runs the whole comparison (built-ins,
+calibrated rules, lossless check, paired bootstrap of cost ratios) and :func:`hf_agreement` the
+round-by-round check against transformers.
 """
+from companion.speculative.compare import (
+    CALIBRATED,
+    DEFAULTS,
+    HFAgreement,
+    PolicyComparison,
+    PolicySummary,
+    RatioEstimate,
+    builtin_policies,
+    compare_policies,
+    hf_agreement,
+)
 from companion.speculative.costs import (
     CostModel,
     costs_from_results,
@@ -35,6 +48,15 @@ from companion.speculative.policies import (
 )
 
 __all__ = [
+    "CALIBRATED",
+    "DEFAULTS",
+    "HFAgreement",
+    "PolicyComparison",
+    "PolicySummary",
+    "RatioEstimate",
+    "builtin_policies",
+    "compare_policies",
+    "hf_agreement",
     "POLICY_FORMS",
     "Calibrated",
     "Confidence",
