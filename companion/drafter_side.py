@@ -709,6 +709,55 @@ def drafter_certificates(
     return out
 
 
+@dataclass(frozen=True)
+class DrafterSoundness:
+    """Counts of one criterion (or tree width) over rows of ``(p, q)`` pairs."""
+
+    spec: str
+    rows: int
+    accepted: int  # the target accepts every maximiser of q (trees: the tree of q's top m succeeds)
+    certified: int  # KL(p || q) < rho~(q)
+    certified_and_rejected: int  # must be 0: the certificate is sound
+
+
+def drafter_soundness(
+    p: Tensor,
+    q: Tensor,
+    criteria: Sequence[Criterion | str],
+    *,
+    tree_widths: Iterable[int] = (),
+) -> dict[str, DrafterSoundness]:
+    """Check ``KL(p||q) < rho~_c(q)  =>  c accepts argmax q under p`` on every row; count both sides.
+
+    ``p`` (target) and ``q`` (drafter): probabilities ``[N, V]`` (float64 recommended). A row
+    counts as accepted when the criterion accepts *every* maximiser of ``q`` (the certificate
+    is the worst case over them). For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the
+    drafter's tree is then unique), and the tree succeeds iff a maximiser of ``p`` lies in it.
+    """
+    if p.shape != q.shape or p.dim() != 2:
+        raise ValueError(f"p and q must be [N, V] of the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    widths = list(tree_widths)
+    rho = drafter_certificates(q, criteria, tree_widths=widths)
+    kl = (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
+    top_q = q == q.amax(-1, keepdim=True)
+    out: dict[str, DrafterSoundness] = {}
+    for c in criteria:
+        crit = parse_criterion(c)
+        rejected = (crit.rejection_mask(p) & top_q).any(-1)
+        certified = kl < rho[str(crit)]
+        out[str(crit)] = DrafterSoundness(str(crit), p.shape[0], int((~rejected).sum()), int(certified.sum()),
+                                          int((certified & rejected).sum()))
+    srt = q.sort(-1, descending=True)
+    top_p = p == p.amax(-1, keepdim=True)
+    for m in widths:
+        unique = srt.values[:, m - 1] > srt.values[:, m]
+        succeeds = top_p.gather(-1, srt.indices[:, :m]).any(-1)
+        certified = (kl < rho[f"tree:{m}"]) & unique
+        out[f"tree:{m}"] = DrafterSoundness(f"tree:{m}", int(unique.sum()), int((succeeds & unique).sum()),
+                                            int(certified.sum()), int((certified & ~succeeds).sum()))
+    return out
+
+
 def drafter_certificate(q: Tensor, criterion: Criterion | str, *, from_logits: bool = False) -> Tensor:
     """``rho~_c(q) = inf { KL(p||q) : c rejects argmax q under p }``: float64, shape ``q.shape[:-1]``.
 

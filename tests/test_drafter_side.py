@@ -24,6 +24,7 @@ from companion import certificate, parse_criterion, per_token_cost, tree_certifi
 from companion.drafter_side import (
     drafter_certificate,
     drafter_certificates,
+    drafter_soundness,
     drafter_tree_certificate,
     drafter_witness,
 )
@@ -485,3 +486,26 @@ def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def test_drafter_soundness_counts_agree_with_the_direct_check() -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = 2.0 * torch.randn(600, 8, generator=gen, dtype=torch.float64)
+    q = torch.softmax(logits, -1)
+    p = torch.softmax(logits + 0.3 * torch.randn(600, 8, generator=gen, dtype=torch.float64), -1)
+    specs = ["greedy", "multiplicative:0.1", "typical:0.09,0.3"]
+    out = drafter_soundness(p, q, specs, tree_widths=[2])
+    rho = drafter_certificates(q, specs, tree_widths=[2])
+    kl = _kl(p, q)
+    for spec in specs:
+        r = out[spec]
+        assert r.certified_and_rejected == 0 and r.rows == 600
+        assert r.certified == int((kl < rho[spec]).sum()) > 50
+        assert r.accepted == int((~_rejects(p, q, spec)).sum()) >= r.certified
+    t = out["tree:2"]
+    assert t.certified_and_rejected == 0 and 0 < t.certified <= t.accepted <= t.rows <= 600
+    # a wrong certificate would be caught: double it and rows certified-but-rejected appear
+    bad = (kl < 4 * rho["greedy"]) & _rejects(p, q, "greedy")
+    assert int(bad.sum()) > 0
+    with pytest.raises(ValueError, match="same shape"):
+        drafter_soundness(p, q[:, :4], specs)

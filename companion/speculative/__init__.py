@@ -20,6 +20,7 @@ from companion.speculative.compare import (
     RatioEstimate,
     builtin_policies,
     compare_policies,
+    greedy_step_logits,
     hf_agreement,
 )
 from companion.speculative.costs import (
@@ -56,6 +57,7 @@ __all__ = [
     "RatioEstimate",
     "builtin_policies",
     "compare_policies",
+    "greedy_step_logits",
     "hf_agreement",
     "POLICY_FORMS",
     "Calibrated",

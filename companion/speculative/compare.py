@@ -248,3 +248,26 @@ def hf_agreement(target: Any, drafter: Any, prompts: Sequence[Tensor], policies:
             rounds += len(theirs.accepted)
     return HFAgreement(matched, total, n_tok / wall if wall > 0 else float("nan"),
                        acc / rounds if rounds else float("nan"), mismatches)
+
+
+def greedy_step_logits(target: Any, drafter: Any, prompts: Sequence[Tensor], n_steps: int
+                       ) -> tuple[Tensor, Tensor]:
+    """``(target logits, drafter logits)`` at every step of the target's greedy continuation of each prompt.
+
+    Each prompt (``(1, n)`` token ids) is continued greedily by the target for at most ``n_steps``
+    tokens (stopping at its end-of-sequence token, that step included); both models then score
+    the whole sequence in one forward, and the rows that predicted the continuation are kept:
+    ``[total steps, V]`` float32 each, the ``(p, q)`` pairs a greedy decoder meets (what a
+    drafter-side certificate is tested on).
+    """
+    eos = target.generation_config.eos_token_id
+    pad = eos[0] if isinstance(eos, (list, tuple)) else eos
+    ps, qs = [], []
+    with torch.inference_mode():
+        for ids in prompts:
+            n = ids.shape[1]
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n_steps,
+                                  pad_token_id=pad)
+            ps.append(target(seq).logits[0, n - 1:-1].float())
+            qs.append(drafter(seq).logits[0, n - 1:-1].float())
+    return torch.cat(ps), torch.cat(qs)
