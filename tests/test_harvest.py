@@ -394,6 +394,22 @@ def test_thread_count_and_numerics_are_part_of_the_configuration(pair, tmp_path)
     assert (tmp_path / "t" / "manifest.json").read_bytes() == before
 
 
+def test_a_harvest_with_other_columns_is_another_configuration(pair, tmp_path) -> None:
+    # A harvest written by a version without a column this version reads (say top_tail) must not be
+    # resumed or reused: its shards would lack the column. Simulate one by editing its manifest.
+    from companion.harvest import store
+
+    target, drafter, tok = pair
+    first = harvest(target, drafter, tok, TEXTS[:2], tmp_path / "old", n_steps=2, progress=False)
+    assert "top_tail" in first["config"]["columns"] and first["config"]["columns"] == first["schema"]
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    manifest["config"]["columns"] = [c for c in manifest["config"]["columns"] if c != "top_tail"]
+    manifest["config_digest"] = store.config_digest(manifest["config"])
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(HarvestConfigError, match="columns"):
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "old", n_steps=2, progress=False)
+
+
 def _damage(path: Path, how: str) -> None:
     data = bytearray(path.read_bytes())
     if how == "truncate":

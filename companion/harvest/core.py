@@ -182,12 +182,12 @@ def harvest(
                                           add_special_tokens)
     eos = resolve_eos(target, tokenizer, eos_token_ids) if stop_at_eos else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    schema = arrow_schema(settings.specs, settings.widths, drafter is not None, top_k)
     config = _run_config(target, drafter, tokenizer, plist, settings, n_steps=n_steps, order=order,
                          stop_at_eos=stop_at_eos, eos=eos, pad_id=pad_id, add_special_tokens=add_special_tokens,
-                         seed=seed)
+                         seed=seed, columns=schema.names)
     digest = store.config_digest(config)
     shards = _shard_plan(token_ids, order, settings.per_shard)
-    schema = arrow_schema(settings.specs, settings.widths, drafter is not None, top_k)
     checksums = _open_manifest(out, config, digest, dist, say, device=target.device, schema=schema, prompt_set_name=prompt_set_name,
                                extra=extra, started=started)
 
@@ -290,7 +290,7 @@ def _tokenized_prompts(prompts: Sequence[Prompt | str | dict[str, Any]], tokeniz
 
 def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Prompt], st: _Settings, *,
                 n_steps: int, order: str, stop_at_eos: bool, eos: list[int], pad_id: int, add_special_tokens: bool,
-                seed: int) -> dict[str, Any]:
+                seed: int, columns: list[str]) -> dict[str, Any]:
     """Everything that determines a harvest's bits; its digest decides whether a folder may be resumed."""
     versions = store.package_versions()
     return {
@@ -314,6 +314,9 @@ def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Pr
         "pad_token_id": int(pad_id),
         "add_special_tokens": add_special_tokens,
         "seed": seed,
+        # A harvest written by a version with other columns is another configuration: its shards
+        # lack what this version reads.
+        "columns": columns,
         # Numerics depend on these: a resume under other versions, thread counts or hardware would
         # mix rows of two programs.
         "software": {k: versions[k] for k in ("companion", "torch", "transformers")},
