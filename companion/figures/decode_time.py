@@ -31,8 +31,9 @@ def score_reliability(scores: Mapping[str, np.ndarray], accepted: np.ndarray, n_
 
     ``scores[name]`` is one number per step (``certificate``: ``1 - exp(-rho~(q))``, ``top1``:
     ``q(1)``, ``margin``: ``q(1) - q(2)``), ``accepted`` the step's outcome under strict greedy.
-    A point is a bin's mean score and acceptance share; a steeper, wider curve separates steps
-    that will survive from steps that will not better.
+    Steps are ranked by each score and cut into ``n_bins`` equal-count bins; a point is a bin's
+    acceptance share at its quantile. A score whose low bins hold the rejections and whose high
+    bins accept every time separates the steps that survive from those that do not.
     """
     accepted = np.asarray(accepted, dtype=bool)
     fig = Figure(figsize=(6.4, 3.6), layout="constrained")
@@ -41,15 +42,17 @@ def score_reliability(scores: Mapping[str, np.ndarray], accepted: np.ndarray, n_
         s = np.asarray(s, dtype=float)
         if s.shape != accepted.shape:
             raise ValueError(f"score {name!r} has {s.size} steps, accepted has {accepted.size}")
-        edges = np.unique(np.quantile(s, np.linspace(0, 1, n_bins + 1)))
-        which = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, len(edges) - 2)
-        xs = np.array([s[which == b].mean() for b in range(len(edges) - 1) if np.any(which == b)])
-        ys = np.array([accepted[which == b].mean() for b in range(len(edges) - 1) if np.any(which == b)])
+        # rank the steps by score (ties broken by position) and cut them into equal-count bins, so
+        # every score spans the same axis and the curves compare how well each one sorts the steps
+        order = np.argsort(s, kind="stable")
+        bins = np.array_split(order, n_bins)
+        xs = np.array([(i + 0.5) / n_bins for i, b in enumerate(bins) if len(b)])
+        ys = np.array([accepted[b].mean() for b in bins if len(b)])
         ax.plot(xs, ys, "o-", color=SCORE_COLORS.get(name, "#333333"), label=name, gid=f"curve:{name}", ms=4)
-    ax.set_xlabel("score of the drafter's distribution q (bin mean)", fontsize=LABEL_SIZE)
+    ax.set_xlabel("steps ranked by the score of q (quantile bin)", fontsize=LABEL_SIZE)
     ax.set_ylabel("share accepted by strict greedy", fontsize=LABEL_SIZE)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlim(0, 1)
     ax.tick_params(labelsize=TICK_SIZE)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=LEGEND_SIZE, loc="lower right")

@@ -158,7 +158,7 @@ def compare_policies(
     1. The built-ins (``builtins``, default :func:`builtin_policies`; ``constant:0`` first, the
        reference that every other run must reproduce token for token).
     2. The cost model is fitted on the built-ins' own rounds
-       (:func:`~companion.speculative.costs.costs_from_results`), unless ``costs`` pins one.
+       (``costs_from_results``), unless ``costs`` pins one.
     3. The calibrated policies, given that model's ``c, v1, dv``: each is warmed on
        ``calibration_prompts`` (other prompts), and every evaluated prompt starts from that same
        snapshot, so prompts stay independent; a ``certificate (cold)`` row starts from the prior.

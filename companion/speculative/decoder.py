@@ -167,7 +167,7 @@ def generate(
 ) -> SpeculativeResult:
     """Speculative greedy decoding of ``input_ids`` (one sequence) with ``drafter`` proposing for ``target``.
 
-    ``policy``: a spec (see :mod:`companion.speculative.policies`) or a :class:`Policy` object (its
+    ``policy``: a spec (see ``companion.speculative.policies`` and the package docs) or a :class:`Policy` object (its
     state, e.g. calibration, carries over to later calls). ``criterion``: verification rule,
     ``"greedy"`` for lossless decoding. ``eos_token_id``: ``None`` takes the target's
     ``generation_config.eos_token_id`` as ``transformers`` does; ``[]`` never stops early.
