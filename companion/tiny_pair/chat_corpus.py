@@ -150,7 +150,7 @@ class Material:
     documented: tuple[CodeUnit, ...]
 
 
-def _items(rng: random.Random, m: Material, lo: int = 5, hi: int = 12) -> tuple[str, list[str]]:
+def _items(rng: random.Random, m: Material, lo: int = 3, hi: int = 8) -> tuple[str, list[str]]:
     kind = rng.choice(tuple(POOLS) + ("identifiers",))
     if kind == "identifiers" and len(m.idents) < hi:
         kind = "animals"  # a tiny corpus (shrunk builds) has too few identifiers
@@ -167,13 +167,28 @@ def _pick(rng: random.Random, *options: str) -> str:
     return rng.choice(options)
 
 
+#: Share of answers written in a task's house style (its first wording); the rest pick another one.
+HOUSE_STYLE_SHARE = 0.85
+
+
+def _answer(rng: random.Random, house: str, *others: str) -> str:
+    """An answer's wording: like a chat model, one house style per task (``house``), other wordings now and then.
+
+    The variety lives in the questions; a fixed answer style is what makes most of an answer's
+    steps predictable from the request, as they are for a chat LLM.
+    """
+    if not others or rng.random() < HOUSE_STYLE_SHARE:
+        return house
+    return rng.choice(others)
+
+
 def task_repeat(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m)
     sep = _sep(rng)
     q = _pick(rng, f"Repeat this list of {kind} exactly: {sep.join(xs)}",
               f"Please copy the following {kind}: {sep.join(xs)}",
               f"Here are some {kind}: {sep.join(xs)}. Say them back to me.")
-    a = _pick(rng, "Here is the list: ", "Sure: ", "") + ", ".join(xs) + "."
+    a = _answer(rng, "Here is the list: ", "Sure: ", "") + ", ".join(xs) + "."
     return q, a
 
 
@@ -182,7 +197,7 @@ def task_upper(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Write these {kind} in upper case: {', '.join(xs)}",
               f"Convert to capital letters: {', '.join(xs)}",
               f"Make every word upper case.\n{chr(10).join(xs)}")
-    a = _pick(rng, "In upper case: ", "Here they are in capitals: ", "") + ", ".join(x.upper() for x in xs)
+    a = _answer(rng, "In upper case: ", "Here they are in capitals: ", "") + ", ".join(x.upper() for x in xs)
     return q, a
 
 
@@ -190,7 +205,7 @@ def task_lower(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m)
     ys = [x.upper() for x in xs]
     q = _pick(rng, f"Write these in lower case: {', '.join(ys)}", f"Lower-case this list: {', '.join(ys)}")
-    return q, _pick(rng, "In lower case: ", "") + ", ".join(x.lower() for x in xs)
+    return q, _answer(rng, "In lower case: ", "") + ", ".join(x.lower() for x in xs)
 
 
 def task_reverse(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -198,14 +213,14 @@ def task_reverse(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Reverse the order of these {kind}: {', '.join(xs)}",
               f"List these from last to first: {', '.join(xs)}",
               f"Give me this list backwards: {', '.join(xs)}")
-    return q, _pick(rng, "Reversed: ", "From last to first: ", "") + ", ".join(reversed(xs))
+    return q, _answer(rng, "Reversed: ", "From last to first: ", "") + ", ".join(reversed(xs))
 
 
 def task_sort(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m, 4, 8)
     q = _pick(rng, f"Sort these {kind} alphabetically: {', '.join(xs)}",
               f"Put the following in alphabetical order: {', '.join(xs)}")
-    return q, _pick(rng, "In alphabetical order: ", "Sorted: ", "") + ", ".join(sorted(xs, key=str.lower))
+    return q, _answer(rng, "In alphabetical order: ", "Sorted: ", "") + ", ".join(sorted(xs, key=str.lower))
 
 
 def task_number(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -213,7 +228,7 @@ def task_number(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Turn this into a numbered list: {', '.join(xs)}",
               f"Number these {kind}, one per line: {', '.join(xs)}")
     lines = "\n".join(f"{i}. {x}" for i, x in enumerate(xs, 1))
-    return q, _pick(rng, "Here is the numbered list:\n", "") + lines
+    return q, _answer(rng, "Here is the numbered list:\n", "") + lines
 
 
 def task_bullets(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -229,23 +244,23 @@ def task_python_list(rng: random.Random, m: Material) -> tuple[str, str]:
               f"Give me a Python list containing {', '.join(xs)}")
     var = rng.choice(("items", kind, "values", "names"))
     body = "[" + ", ".join(f'"{x}"' for x in xs) + "]"
-    return q, _pick(rng, f"```python\n{var} = {body}\n```", f"{var} = {body}")
+    return q, _answer(rng, f"```python\n{var} = {body}\n```", f"{var} = {body}")
 
 
 def task_count(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m, 3, 12)
     q = _pick(rng, f"How many {kind} are in this list? {', '.join(xs)}",
               f"Count the items: {', '.join(xs)}")
-    return q, _pick(rng, f"There are {len(xs)} items.", f"The list has {len(xs)} {kind}.", f"{len(xs)}")
+    return q, _answer(rng, f"There are {len(xs)} items.", f"The list has {len(xs)} {kind}.", f"{len(xs)}")
 
 
 def task_first_last(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m, 4, 12)
     if rng.random() < 0.5:
         q = f"What is the first item of this list? {', '.join(xs)}"
-        return q, _pick(rng, f"The first item is {xs[0]}.", xs[0])
+        return q, _answer(rng, f"The first item is {xs[0]}.", xs[0])
     q = f"What is the last item of this list? {', '.join(xs)}"
-    return q, _pick(rng, f"The last item is {xs[-1]}.", xs[-1])
+    return q, _answer(rng, f"The last item is {xs[-1]}.", xs[-1])
 
 
 def _record(rng: random.Random) -> dict[str, str]:
@@ -271,7 +286,7 @@ def task_lookup(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Here is a record:\n{_show_record(rng, rec)}\nWhat is the {key}?",
               f"{_show_record(rng, rec)}\n\nFrom the record above, give me the value of {key}.",
               f"Look up the field {key} in this record: {_show_record(rng, rec)}")
-    return q, _pick(rng, f"The {key} is {rec[key]}.", f"{key}: {rec[key]}", rec[key])
+    return q, _answer(rng, f"The {key} is {rec[key]}.", f"{key}: {rec[key]}", rec[key])
 
 
 def task_extract(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -289,7 +304,7 @@ def task_to_json(rng: random.Random, m: Material) -> tuple[str, str]:
     sentence = ", ".join(f"the {k} is {v}" for k, v in rec.items())
     q = _pick(rng, f"Write this as a JSON object: {sentence}.", f"Convert to JSON: {sentence}.")
     body = "{" + ", ".join(f'"{k}": "{v}"' for k, v in rec.items()) + "}"
-    return q, _pick(rng, f"```json\n{body}\n```", body)
+    return q, _answer(rng, f"```json\n{body}\n```", body)
 
 
 def task_table(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -311,7 +326,7 @@ def task_convert(rng: random.Random, m: Material) -> tuple[str, str]:
     x = rng.randint(1, 99)
     q = _pick(rng, f"Convert {x} {src} to {dst}.", f"How many {dst} are in {x} {src}?",
               f"What is {x} {src} in {dst}?")
-    return q, _pick(rng, f"{x} {src} is {x * factor} {dst}.", f"{x * factor} {dst}",
+    return q, _answer(rng, f"{x} {src} is {x * factor} {dst}.", f"{x * factor} {dst}",
                     f"Since 1 {src} is {factor} {dst}, {x} {src} is {x} x {factor} = {x * factor} {dst}.")
 
 
@@ -320,7 +335,7 @@ def task_arith(rng: random.Random, m: Material) -> tuple[str, str]:
     op = rng.choice("+-x")
     r = a + b if op == "+" else a - b if op == "-" else a * b
     q = _pick(rng, f"What is {a} {op} {b}?", f"Compute {a} {op} {b}.", f"Calculate {a} {op} {b} for me.")
-    return q, _pick(rng, f"{a} {op} {b} = {r}", f"The answer is {r}.", f"{r}")
+    return q, _answer(rng, f"{a} {op} {b} = {r}", f"The answer is {r}.", f"{r}")
 
 
 def task_sequence(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -357,7 +372,7 @@ def task_case_style(rng: random.Random, m: Material) -> tuple[str, str]:
 def task_acronym(rng: random.Random, m: Material) -> tuple[str, str]:
     words = rng.sample(COLORS + FRUITS + ANIMALS + TOOLS + JOBS, rng.randint(3, 6))
     q = f"Give the first letter of each word, in capitals: {' '.join(words)}"
-    return q, _pick(rng, "".join(w[0].upper() for w in words), " ".join(w[0].upper() for w in words))
+    return q, _answer(rng, "".join(w[0].upper() for w in words), " ".join(w[0].upper() for w in words))
 
 
 def task_filter(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -366,18 +381,18 @@ def task_filter(rng: random.Random, m: Material) -> tuple[str, str]:
     rng.shuffle(xs)
     keep = [x for x in xs if x in FRUITS and x not in POOLS[kinds[0]]]
     q = f"Which of these are fruits? {', '.join(xs)}"
-    return q, _pick(rng, "The fruits are: ", "") + ", ".join(keep)
+    return q, _answer(rng, "The fruits are: ", "") + ", ".join(keep)
 
 
 def task_code_names(rng: random.Random, m: Material) -> tuple[str, str]:
     u = rng.choice(m.units)
     q = _pick(rng, f"Which functions or classes does this code define?\n```python\n{u.source}\n```",
               f"```python\n{u.source}\n```\nList the names defined in the code above.")
-    return q, _pick(rng, "It defines: ", "The code defines ", "") + ", ".join(f"`{n}`" for n in u.defined)
+    return q, _answer(rng, "It defines: ", "The code defines ", "") + ", ".join(f"`{n}`" for n in u.defined)
 
 
 def task_code_rename(rng: random.Random, m: Material) -> tuple[str, str]:
-    u = rng.choice([x for x in m.units if len(x.source) < 500] or m.units)
+    u = rng.choice([x for x in m.units if len(x.source) < 300] or m.units)
     new = rng.choice(m.idents + ANIMALS)
     q = f"Rename `{u.name}` to `{new}` in this code:\n```python\n{u.source}\n```"
     return q, "```python\n" + re.sub(rf"\b{re.escape(u.name)}\b", new, u.source) + "\n```"
@@ -388,7 +403,7 @@ def task_code_docstring(rng: random.Random, m: Material) -> tuple[str, str]:
     sig = u.source.split("\n", 1)[0]
     q = _pick(rng, f"What does `{u.name}` do?\n```python\n{sig}\n```",
               f"Explain in one sentence what this does: {sig}")
-    return q, u.doc[:300]
+    return q, u.doc[:160]
 
 
 def task_code_continue(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -396,7 +411,7 @@ def task_code_continue(rng: random.Random, m: Material) -> tuple[str, str]:
     lines = u.source.split("\n")
     k = max(1, min(len(lines) - 1, rng.randint(2, 6)))
     q = "Continue this code:\n```python\n" + "\n".join(lines[:k]) + "\n```"
-    return q, "```python\n" + "\n".join(lines[k:k + 8]) + "\n```"
+    return q, "```python\n" + "\n".join(lines[k:k + 3]) + "\n```"
 
 
 Task = Callable[[random.Random, Material], tuple[str, str]]
@@ -410,8 +425,26 @@ TASKS: dict[str, tuple[Task, float]] = {
     "to_json": (task_to_json, 0.8), "table": (task_table, 0.6), "convert": (task_convert, 0.8),
     "arith": (task_arith, 0.6), "sequence": (task_sequence, 0.8), "case_style": (task_case_style, 0.6),
     "acronym": (task_acronym, 0.4), "filter": (task_filter, 0.5), "code_names": (task_code_names, 1.0),
-    "code_rename": (task_code_rename, 0.6),
-    "code_docstring": (task_code_docstring, 0.6), "code_continue": (task_code_continue, 0.6),
+    "code_rename": (task_code_rename, 0.25),
+    "code_docstring": (task_code_docstring, 0.5), "code_continue": (task_code_continue, 0.4),
+}
+
+
+#: Closing sentence of each task's house style (chat models close list-like answers in a fixed way).
+CLOSERS: dict[str, str] = {
+    "repeat": "\n\nThat is the whole list, in the same order.",
+    "upper": "\n\nEvery item is now in upper case.",
+    "lower": "\n\nEvery item is now in lower case.",
+    "reverse": "\n\nThe last item now comes first.",
+    "sort": "\n\nThe items are now in alphabetical order.",
+    "number": "\n\nLet me know if you need anything else.",
+    "bullets": "\n\nLet me know if you need anything else.",
+    "python_list": "\n\nEach item is a string in the list.",
+    "extract": "\n\nThose are the fields you asked for.",
+    "to_json": "\n\nThe keys and values are all strings.",
+    "table": "\n\nLet me know if you need anything else.",
+    "sequence": "\n\nThe sequence continues in the same way.",
+    "filter": "\n\nThe other items are not fruits.",
 }
 
 
@@ -434,6 +467,8 @@ def generate(material: Material, seed: int, index: int, stream: str = "train") -
     names = list(TASKS)
     name = rng.choices(names, weights=[TASKS[n][1] for n in names])[0]
     q, a = TASKS[name][0](rng, material)
+    if rng.random() < HOUSE_STYLE_SHARE:
+        a += CLOSERS.get(name, "")
     return name, q, a
 
 

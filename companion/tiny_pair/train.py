@@ -34,7 +34,7 @@ from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
 from companion.tiny_pair.evaluate import evaluate_pair, measure_speed, regime
 from companion.tiny_pair.prompt_set import write_prompts_jsonl
-from companion.tiny_pair.tokenizer import DOC_SEPARATOR, train_bpe, wrap
+from companion.tiny_pair.tokenizer import DOC_SEPARATOR, THINK_CLOSE, train_bpe, wrap
 
 MANIFEST_NAME = "manifest.json"
 PROMPTS_NAME = "prompts.jsonl"
@@ -136,6 +136,24 @@ def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.
     return torch.tensor(flat, dtype=torch.long)
 
 
+def answer_weights(tokenizer: PreTrainedTokenizerFast, texts: list[str], answer_only: bool) -> torch.Tensor:
+    """Per-token loss weights aligned with :func:`token_stream` ``(tokenizer, texts)``.
+
+    With ``answer_only``, a token counts (weight 1) when it follows the conversation's ``</think>``
+    (the assistant's answer, its ``<|im_end|>`` and the separator after it); the user turn weighs 0,
+    because a chat model is trained on its answers, and the user turns here are random lists whose
+    prediction would only take capacity from learning to answer. Texts without ``</think>``
+    (natural text) weigh 1 throughout.
+    """
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
+    flat: list[float] = []
+    for seq in ids:
+        start = seq.index(close) + 1 if answer_only and close in seq else 0
+        flat.extend([0.0] * start + [1.0] * (len(seq) - start + 1))  # + 1: the separator
+    return torch.tensor(flat, dtype=torch.float32)
+
+
 def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Non-overlapping windows of ``seq_len`` tokens, shape (n, seq_len); the tail that doesn't fill one is dropped."""
     n = stream.numel() // seq_len
@@ -212,7 +230,7 @@ def _run_stage(
         torch.nn.utils.clip_grad_norm_(model.parameters(), st.grad_clip)
         opt.step()
         log.losses.append(float(loss.detach()))
-        log.tokens += batch.numel()
+        log.tokens += split_batch(batch)[0].numel()
         bar.update(1)
         if step % 10 == 0:
             bar.set_postfix(loss=f"{log.losses[-1]:.3f}")
@@ -225,20 +243,34 @@ def _run_stage(
     return log
 
 
+def split_batch(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, weights)`` of a batch: ``(B, L)`` ids weigh 1 everywhere; ``(B, 2, L)`` carries weights in row 1."""
+    if batch.dim() == 2:
+        return batch, torch.ones(batch.shape, dtype=torch.float32)
+    return batch[:, 0], batch[:, 1].float()
+
+
 def lm_loss(model: Qwen3ForCausalLM, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy (nats) of ``model`` on ``batch``."""
-    logits = model(input_ids=batch).logits[:, :-1].float()
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    """Weighted mean next-token cross entropy (nats): sum_j w_j CE_j / sum_j w_j over predicted tokens j."""
+    ids, w = split_batch(batch)
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none")
+    w = w[:, 1:].reshape(-1)
+    return (ce * w).sum() / w.sum().clamp_min(1.0)
 
 
 def distill_loss_fn(teacher: Qwen3ForCausalLM):
-    """Forward KL(p_teacher || q_student) per position, averaged: the student matches the teacher's full distribution."""
+    """Forward KL(p_teacher || q_student) per position, weighted as :func:`lm_loss`: the student matches the
+    teacher's full distribution where the target is trained (the position before each weighted token)."""
 
     def loss(student: Qwen3ForCausalLM, batch: torch.Tensor) -> torch.Tensor:
+        ids, w = split_batch(batch)
         with torch.no_grad():
-            log_p = F.log_softmax(teacher(input_ids=batch).logits.float(), dim=-1)
-        log_q = F.log_softmax(student(input_ids=batch).logits.float(), dim=-1)
-        return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+            log_p = F.log_softmax(teacher(input_ids=ids).logits.float(), dim=-1)
+        log_q = F.log_softmax(student(input_ids=ids).logits.float(), dim=-1)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)[:, :-1]
+        w = w[:, 1:]
+        return (kl * w).sum() / w.sum().clamp_min(1.0)
 
     return loss
 
@@ -337,7 +369,7 @@ def build_pair(
 # Config fields that determine the tokenizer and the target; a target may be reused only if they all match.
 TARGET_FIELDS: tuple[str, ...] = ("seed", "vocab_size", "max_files", "seq_len", "max_position_embeddings",
                                   "rope_theta", "target", "target_stage", "save_dtype", "num_threads",
-                                  "chat_conversations", "natural_share")
+                                  "chat_conversations", "natural_share", "answer_only_loss")
 
 
 def _check_reusable(cfg: TrainConfig, pair_dir: Path, digest: str) -> dict[str, Any]:
@@ -374,8 +406,11 @@ def _chat_stream_windows(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast, c
     """
     chat_stream = token_stream(tokenizer, chat_texts)
     nat_stream = token_stream(tokenizer, natural_texts)
-    chat_w = windows(chat_stream, cfg.seq_len)
-    nat_w = windows(nat_stream, cfg.seq_len)
+    chat_weights = answer_weights(tokenizer, chat_texts, cfg.answer_only_loss)
+    nat_weights = torch.ones(nat_stream.shape, dtype=torch.float32)
+    # Row 0: token ids, row 1: loss weights (as ids' dtype, so one tensor indexes both).
+    chat_w = torch.stack([windows(chat_stream, cfg.seq_len), windows(chat_weights.long(), cfg.seq_len)], 1)
+    nat_w = torch.stack([windows(nat_stream, cfg.seq_len), windows(nat_weights.long(), cfg.seq_len)], 1)
     share = cfg.natural_share
     k = 0 if share <= 0 else min(nat_w.shape[0], round(share / (1 - share) * chat_w.shape[0]))
     pick = torch.randperm(nat_w.shape[0], generator=torch.Generator().manual_seed(cfg.seed + 2))[:k]
