@@ -219,14 +219,16 @@ def render_status_markdown(
         lines.append("No chapter has been executed yet: run `companion reproduce`.\n")
 
     lines.append("## Chapters\n")
-    lines.append("| Chapter | Executed (UTC) | Time | Device | Profile; preset and models | Parameters |")
-    lines.append("|---|---|---|---|---|---|")
+    # Two tables, so that neither is wider than the page: when and where, then with what.
+    lines.append("| Chapter | Executed (UTC) | Time | Device | Profile |")
+    lines.append("|---|---|---|---|---|")
+    setup_rows: list[str] = []
     for name, link, sha in chapters:
         title = f"[{name}]({link})" if link else name
         run = record.chapters.get(name)
         if run is None:
             state = "notebook not written yet" if sha is None else "not executed yet"
-            lines.append(f"| {title} | {state} | | | | |")
+            lines.append(f"| {title} | {state} | | | |")
             continue
         when = run.started
         if sha is not None and sha != run.source_sha256:
@@ -234,12 +236,16 @@ def render_status_markdown(
         device = run.device or "cpu (no device parameter)"
         if run.device_name:
             device += f" ({run.device_name})"
-        lines.append(
-            "| " + " | ".join(_cell(x) for x in (
-                title, when, _duration(run.seconds), device, "; ".join(filter(None, [run.profile, _models(run)])), _parameters(run),
-            )) + " |"
-        )
+        lines.append("| " + " | ".join(_cell(x) for x in (title, when, _duration(run.seconds), device, run.profile or ""))
+                     + " |")
+        setup_rows.append("| " + " | ".join(_cell(x) for x in (title, _models(run) or "(none)", _parameters(run))) + " |")
     lines.append("")
+    if setup_rows:
+        lines.append("### Models and parameters\n")
+        lines.append("| Chapter | Preset and models | Parameters |")
+        lines.append("|---|---|---|")
+        lines.extend(setup_rows)
+        lines.append("")
 
     lines.append("## Figures\n")
     figure_rows = []
