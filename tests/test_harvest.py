@@ -717,3 +717,23 @@ def test_column_names_come_from_the_schema_templates() -> None:
         column("cert", "greedy")
     with pytest.raises(ValueError, match="divergence must be"):
         column("cert", "greedy", "both")
+
+
+def test_a_stop_request_ends_the_harvest_as_ctrl_c_does(pair, tmp_path) -> None:
+    # What the CLI does with a Ctrl-C during decoding: ask to stop, honoured after the current block.
+    target, drafter, tok = pair
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3  # one check before the first shard, one after each of its 2 steps
+
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        harvest(target, drafter, tok, TEXTS[:4], out, n_steps=2, batch_size=1, prompts_per_shard=1,
+                chunk_steps=1, stop=stop, progress=False)
+    manifest = read_manifest(out)
+    assert manifest["status"] == "interrupted" and manifest["totals"]["shards"] == 1
+    again = harvest(target, drafter, tok, TEXTS[:4], out, n_steps=2, batch_size=1, prompts_per_shard=1,
+                    chunk_steps=1, progress=False)
+    assert again["status"] == "complete" and again["totals"]["shards"] == 4

@@ -17,9 +17,12 @@ a line that says how far it got; rerunning the same command resumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -154,15 +157,41 @@ def _say(message: str) -> None:
 
 def cmd_harvest(args: argparse.Namespace) -> int:
     """Check everything that can be checked, load the models, harvest; see the module docstring for exit codes."""
-    stage = {"harvest_started": False}
+    stage = {"harvest_started": False, "stop_requested": False}
     try:
-        return _harvest(args, stage)
+        with _deferred_interrupts(stage):
+            return _harvest(args, stage)
     except Refusal as err:
         _say(str(err))
         return EXIT_REFUSED
     except KeyboardInterrupt:
         _say(_interrupted_message(args.out, stage["harvest_started"]))
         return EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _deferred_interrupts(stage: dict[str, bool]):
+    """While decoding, the first Ctrl-C only asks the harvest to stop after the current block.
+
+    Python raises ``KeyboardInterrupt`` wherever the interpreter happens to be, and one raised
+    inside a finaliser (``__del__``) is printed and dropped: the harvest would then run to the
+    end. Before decoding starts (options, model loading) and on a second Ctrl-C it raises at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stage["harvest_started"] and not stage["stop_requested"]:
+            stage["stop_requested"] = True
+            return
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupted_message(out: Path, harvest_started: bool) -> str:
@@ -228,6 +257,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
             prompt_set_name=plan.prompt_set_name,
             extra={"preset": plan.preset, "enable_thinking": plan.enable_thinking},
             progress=not args.no_progress,
+            stop=lambda: stage["stop_requested"],
         )
     except (HarvestConfigError, ValueError, OSError) as err:
         after = manifest_path.read_bytes() if manifest_path.is_file() else None

@@ -134,6 +134,7 @@ def harvest(
     progress: bool = True,
     hook: BlockHook | None = None,
     log: Callable[[str], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Greedy-decode every prompt with ``target`` and write per-step traces to ``out_dir``; return the manifest.
 
@@ -170,6 +171,10 @@ def harvest(
     shards complete so far, then the exception propagates; rerunning resumes.
 
     ``hook(batch_positions, first_step, logits_p, logits_q, columns)`` sees every block on the device.
+
+    ``stop()``, when given, is asked after every block of steps; True ends the harvest as Ctrl-C
+    does (``KeyboardInterrupt`` after recording the complete shards). The CLI uses it so that a
+    Ctrl-C is acted on at a point of its own choosing, never lost inside library code.
     """
     say = log if log is not None else (lambda message: print(message, file=sys.stderr))
     t_start = time.perf_counter()
@@ -199,9 +204,10 @@ def harvest(
     tally = {"rows": 0, "compute_s": 0.0}
     try:
         for index in mine:
+            _check_stop(stop)
             _decode_shard(index, shards[index], target, drafter, token_ids, plist, settings, schema, out, digest,
                           dist, n_steps=n_steps, pad_id=pad_id, eos=eos, stop_at_eos=stop_at_eos, hook=hook, bar=bar,
-                          written=written, tally=tally)
+                          written=written, tally=tally, stop=stop)
     except KeyboardInterrupt:
         # Ctrl-C: the shard in progress is lost (its temporary file is removed); the complete ones
         # are recorded, so the manifest says what is there and a rerun computes only the rest.
@@ -369,7 +375,7 @@ def _open_manifest(out: Path, config: dict[str, Any], digest: str, dist: Distrib
 def _decode_shard(index: int, members: list[int], target: Any, drafter: Any | None, token_ids: list[list[int]],
                   plist: list[Prompt], st: _Settings, schema: pa.Schema, out: Path, digest: str, dist: Distributed, *,
                   n_steps: int, pad_id: int, eos: list[int], stop_at_eos: bool, hook: BlockHook | None, bar: Any,
-                  written: dict[str, str], tally: dict[str, float]) -> None:
+                  written: dict[str, str], tally: dict[str, float], stop: Callable[[], bool] | None = None) -> None:
     """Decode one shard's prompts in batches, write the shard atomically, record its checksum in ``written``."""
     t0 = time.perf_counter()
     parts = []
@@ -378,7 +384,7 @@ def _decode_shard(index: int, members: list[int], target: Any, drafter: Any | No
         result = decode_batch(
             target, drafter, [token_ids[i] for i in batch], n_steps, st.stats,
             chunk_steps=st.chunk, pad_id=pad_id, eos_ids=eos, stop_at_eos=stop_at_eos,
-            hook=_batch_hook(hook, batch), on_block=bar.update if bar is not None else None,
+            hook=_batch_hook(hook, batch), on_block=_on_block(bar, stop),
         )
         parts.append(_batch_table(result, batch, plist, token_ids, schema))
         if bar is not None:  # steps skipped after every prompt ended count as done
@@ -398,6 +404,24 @@ def _decode_shard(index: int, members: list[int], target: Any, drafter: Any | No
     written[path.name] = sha
     tally["rows"] += table.num_rows
     tally["compute_s"] += elapsed
+
+
+def _check_stop(stop: Callable[[], bool] | None) -> None:
+    if stop is not None and stop():
+        raise KeyboardInterrupt
+
+
+def _on_block(bar: Any, stop: Callable[[], bool] | None) -> Callable[[int], None] | None:
+    """After every block: advance the progress bar, then honour a requested stop."""
+    if bar is None and stop is None:
+        return None
+
+    def done(n: int) -> None:
+        if bar is not None:
+            bar.update(n)
+        _check_stop(stop)
+
+    return done
 
 
 def _merge_ranks(out: Path, digest: str, n_shards: int, dist: Distributed, part: dict[str, Any], started: str,
