@@ -738,7 +738,9 @@ def drafter_soundness(
         raise ValueError(f"p and q must be [N, V] of the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
     widths = list(tree_widths)
     rho = drafter_certificates(q, criteria, tree_widths=widths)
-    kl = (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
+    from companion.kl_certificates import kl_divergence  # lazy: the engine imports nothing from here
+
+    kl = kl_divergence(p, q)
     top_q = q == q.amax(-1, keepdim=True)
     out: dict[str, DrafterSoundness] = {}
     for c in criteria:
