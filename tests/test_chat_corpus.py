@@ -115,14 +115,24 @@ def test_lookup_answers_the_asked_field(material: cc.Material) -> None:
         assert a.endswith(pairs[key]) or a.endswith(pairs[key] + ".")
 
 
-def test_code_names_are_the_defined_names(material: cc.Material) -> None:
-    import ast
+def test_next_day_or_month_is_the_calendar_successor(material: cc.Material) -> None:
+    import calendar
 
-    for q, a in _by_task(material, "code_names", 30):
-        src = q.split("```python\n", 1)[1].split("\n```", 1)[0]
-        names = [n.name for n in ast.walk(ast.parse(src))
-                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        assert re.findall(r"`(\w+)`", a) == names
+    days, months = list(calendar.day_name), list(calendar.month_name)[1:]  # an independent oracle
+    for q, a in _by_task(material, "next_name", 100):
+        (x,) = [w for w in re.findall(r"\w+", q) if w in days + months]
+        seq = days if x in days else months
+        assert (" day " in q) == (seq is days), q
+        assert a.rstrip(".").split()[-1] == seq[(seq.index(x) + 1) % len(seq)], (q, a)
+
+
+def test_capital_answers_name_the_country_and_its_capital(material: cc.Material) -> None:
+    table = dict(cc.CAPITALS)
+    assert len(table) == len(cc.CAPITALS) and len(set(table.values())) == len(table)  # one capital per country
+    for q, a in _by_task(material, "capital", 100):
+        country = next(c for c in table if c in q)
+        assert a.rstrip(".").endswith(table[country]), (q, a)
+        assert sum(cap in a for cap in table.values()) == 1, a  # no other capital is named
 
 
 def test_chat_prompts_respect_lengths_and_are_deterministic(tokenizer, material: cc.Material) -> None:

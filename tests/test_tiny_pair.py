@@ -202,6 +202,34 @@ def test_shrunk_build_is_a_chat_pair(two_builds: tuple[Path, Path]) -> None:
     assert r["n_steps"] <= r["n_prompts"] * r["max_steps"]
 
 
+def test_held_out_figures_score_only_weighted_tokens() -> None:
+    """With loss weights, the held-out figures are those of the weighted tokens alone (checked by hand)."""
+    import torch.nn.functional as F
+
+    from companion.tiny_pair.evaluate import evaluate_pair
+
+    cfg = shrunk_config()
+    torch.manual_seed(0)
+    target = train_mod.make_model(cfg.target, cfg, 50, 1, 0)
+    drafter = train_mod.make_model(cfg.drafter, cfg, 50, 1, 0)
+    ids = torch.randint(2, 50, (3, 16), generator=torch.Generator().manual_seed(1))
+    w = (torch.rand(3, 16, generator=torch.Generator().manual_seed(2)) < 0.5).long()
+    kw = dict(tokenizer=None, max_tokens=10_000, greedy_prompts=[], greedy_steps=0, progress=False)
+    plain = evaluate_pair(target, drafter, held_windows=ids, **kw)
+    ones = evaluate_pair(target, drafter, held_windows=ids, held_weights=torch.ones_like(ids), **kw)
+    assert ones.to_dict() == plain.to_dict() and plain.eval_tokens == 3 * 15
+    got = evaluate_pair(target, drafter, held_windows=ids, held_weights=w, **kw)
+    keep = w[:, 1:].reshape(-1) > 0
+    with torch.no_grad():
+        logits = target(input_ids=ids).logits[:, :-1].reshape(-1, 50)[keep]
+    want = F.cross_entropy(logits, ids[:, 1:].reshape(-1)[keep]).item()
+    assert got.eval_tokens == int(keep.sum()) < plain.eval_tokens
+    assert got.target_loss == pytest.approx(want, rel=1e-5)
+    assert got.held_out.n_steps == int(keep.sum())
+    with pytest.raises(ValueError, match="held_weights has shape"):
+        evaluate_pair(target, drafter, held_windows=ids, held_weights=w[:, :5], **kw)
+
+
 def test_interrupted_stage_resumes_to_the_same_weights(tmp_path: Path) -> None:
     """A stage stopped mid-way and rerun from its checkpoint ends with exactly the weights of an uninterrupted run."""
     cfg = shrunk_config()

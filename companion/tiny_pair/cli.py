@@ -134,7 +134,7 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
     if f.get("corpus_note"):
         out.append(f"corpus: {f['corpus_note']}")
     cols = "manifest" + ("     fresh" if ffig else "")
-    out.append(f"\nheld-out text, teacher-forced ({fig.get('eval_tokens')} tokens)      {cols}")
+    out.append(f"\nheld-out text, teacher-forced ({fig.get('eval_tokens')} scored tokens)      {cols}")
     rows = [("target loss (nats/token)", "target_loss"), ("drafter loss (nats/token)", "drafter_loss"),
             ("target top-1 accuracy", "target_accuracy"), ("drafter top-1 accuracy", "drafter_accuracy")]
     for label, key in rows:

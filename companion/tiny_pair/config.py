@@ -81,7 +81,7 @@ class TrainConfig:
     target: ModelSpec = ModelSpec(256, 5, 768, 4, 2, 64)
     drafter: ModelSpec = ModelSpec(80, 2, 224, 2, 1, 40)
     target_stage: StageSpec = StageSpec(steps=2000, batch_size=8, lr=3e-3, warmup_steps=60)
-    drafter_stage: StageSpec = StageSpec(steps=450, batch_size=8, lr=5e-3, warmup_steps=25)
+    drafter_stage: StageSpec = StageSpec(steps=600, batch_size=8, lr=5e-3, warmup_steps=25)
     save_dtype: str = "float16"
     # One thread: float reductions depend on the thread count, so this makes the result independent of the
     # machine's core count; and on a shared CPU two OpenMP threads that wait on each other run ~5x slower.

@@ -124,8 +124,14 @@ def evaluate_pair(
     greedy_steps: int,
     batch_size: int = 8,
     progress: bool = True,
+    held_weights: torch.Tensor | None = None,
 ) -> PairFigures:
     """Score ``held_windows`` (n, L) teacher-forced, up to ``max_tokens`` tokens, and greedy continuations.
+
+    ``held_weights`` (n, L), if given, are the training loss weights of the same tokens: a token is
+    scored (loss, accuracy and step statistics of the position that predicts it) where its weight is
+    positive, so the held-out figures measure what the models were trained to predict (the
+    assistant's answers, under answer-only training) rather than random user turns.
 
     Greedy figures: the target continues each prompt greedily for ``greedy_steps`` tokens; both
     models are then scored at those steps (the drafter sees the target's tokens, as in verification).
@@ -134,6 +140,9 @@ def evaluate_pair(
     drafter.eval()
     n_win = max(1, min(held_windows.shape[0], max_tokens // held_windows.shape[1]))
     data = held_windows[:n_win]
+    if held_weights is not None and held_weights.shape != held_windows.shape:
+        raise ValueError(f"held_weights has shape {tuple(held_weights.shape)}, "
+                         f"held_windows {tuple(held_windows.shape)}")
     parts, nll_t, nll_d, acc_t, acc_d = [], [], [], [], []
     for i in tqdm(range(0, n_win, batch_size), desc="held-out eval", disable=not progress):
         batch = data[i:i + batch_size]
@@ -141,6 +150,9 @@ def evaluate_pair(
         lq = drafter(input_ids=batch).logits[:, :-1].float()
         labels = batch[:, 1:].reshape(-1)
         lp, lq = lp.reshape(-1, lp.shape[-1]), lq.reshape(-1, lq.shape[-1])
+        if held_weights is not None:
+            keep = held_weights[i:i + batch.shape[0], 1:].reshape(-1) > 0
+            lp, lq, labels = lp[keep], lq[keep], labels[keep]
         nll_t.append(F.cross_entropy(lp, labels, reduction="none").numpy())
         nll_d.append(F.cross_entropy(lq, labels, reduction="none").numpy())
         acc_t.append((lp.argmax(-1) == labels).numpy())

@@ -37,7 +37,7 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
     from companion.models import load_pair
     from companion.prompts import load_prompts
     from companion.tiny_pair.evaluate import evaluate_pair, measure_speed
-    from companion.tiny_pair.train import token_stream, torch_threads, windows
+    from companion.tiny_pair.train import answer_weights, token_stream, torch_threads, windows
 
     pair_dir = Path(pair_dir)
     manifest = json.loads((pair_dir / "manifest.json").read_text())
@@ -57,16 +57,20 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
                                              dtype=torch.float32)
             assert drafter is not None
             _, held = corpus_mod.split_corpus(files)
+            held_weights = None
             if "chat_digest_sha256" in manifest["corpus"]:
-                # A chat build: its held-out text is the chat generator's "eval" stream on the held-out files.
+                # A chat build: its held-out text is the chat generator's "eval" stream on the held-out files,
+                # scored where the build's training loss was (as the build itself scored it).
                 held_texts = chat_mod.conversations(chat_mod.make_material(held), cfg.seed, cfg.eval_conversations,
                                                     "eval")
+                held_weights = windows(answer_weights(tok, held_texts, cfg.answer_only_loss).long(), cfg.seq_len)
             else:  # a build of the earlier, stdlib-only recipe: the held-out files themselves
                 held_texts = [f.text for f in held]
             held_windows = windows(token_stream(tok, held_texts), cfg.seq_len)
             fresh["figures"] = evaluate_pair(
                 target, drafter, tok, held_windows, cfg.eval_max_tokens,
                 [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
+                held_weights=held_weights,
             ).to_dict()
         if speed:
             n_new = (manifest.get("speed") or {}).get("new_tokens_per_prompt", cfg.greedy_steps)

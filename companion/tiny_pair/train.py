@@ -447,6 +447,7 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         tokenizer.save_pretrained(root / "tokenizer")
         train_windows, chat_tokens, natural_tokens = _chat_stream_windows(cfg, tokenizer, chat_train, natural)
         held_stream = token_stream(tokenizer, chat_eval)
+        held_weights = answer_weights(tokenizer, chat_eval, cfg.answer_only_loss).long()
         log(f"tokenizer: {len(tokenizer)} tokens; chat {chat_tokens} tokens, natural {natural_tokens}, "
             f"{train_windows.shape[0]} training windows; held-out {held_stream.numel()}")
 
@@ -497,6 +498,7 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         figures = evaluate_pair(
             target, drafter, tokenizer, windows(held_stream, cfg.seq_len), cfg.eval_max_tokens,
             [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
+            held_weights=windows(held_weights, cfg.seq_len),
         ).to_dict()
         figures["regime"] = regime(target, drafter, tokenizer, [p.text for p in prompts[: cfg.regime_prompts]],
                                    cfg.regime_steps, stop_ids, progress=progress)
