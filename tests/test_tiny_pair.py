@@ -200,6 +200,18 @@ def test_shrunk_build_is_a_chat_pair(two_builds: tuple[Path, Path]) -> None:
     assert r["n_prompts"] == shrunk_config().regime_prompts
     assert 0 < r["top1_median"] <= 1 and 0 <= r["eos_rate"] <= 1 and r["greedy_certificate_median"] >= 0
     assert r["n_steps"] <= r["n_prompts"] * r["max_steps"]
+    h = m["figures"]["assisted"]  # transformers' assisted generation, constant drafts per round
+    k = shrunk_config().assisted_num_tokens
+    assert h["num_assistant_tokens"] == k and h["n_prompts"] == r["n_prompts"]
+    assert 0 <= h["accepted_per_round"] <= k
+    assert h["tokens_per_round"] == pytest.approx(h["accepted_per_round"] + 1, abs=1e-4)
+    # The same rounds from the companion's own speculative decoder (an independent implementation).
+    from companion.speculative import generate
+
+    runs = [generate(target, drafter, tok(p.text, add_special_tokens=False)["input_ids"], policy=f"constant:{k}",
+                     max_new_tokens=r["max_steps"], eos_token_id=stop) for p in prompts[: r["n_prompts"]]]
+    assert sum(x.rounds for x in runs) == h["rounds"]
+    assert sum(len(x.tokens) for x in runs) == h["new_tokens"]
 
 
 def test_held_out_figures_score_only_weighted_tokens() -> None:

@@ -100,6 +100,8 @@ class TrainConfig:
     eval_conversations: int = 2000
     regime_prompts: int = 64
     regime_steps: int = 128
+    # Transformers' assisted generation on the regime prompts: drafts per round (constant schedule).
+    assisted_num_tokens: int = 4
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes carried into the manifest
 
     def to_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
-from companion.tiny_pair.evaluate import evaluate_pair, measure_speed, regime
+from companion.tiny_pair.evaluate import assisted_acceptance, evaluate_pair, measure_speed, regime
 from companion.tiny_pair.prompt_set import write_prompts_jsonl
 from companion.tiny_pair.tokenizer import DOC_SEPARATOR, THINK_CLOSE, train_bpe, wrap
 
@@ -503,6 +503,10 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         figures["regime"] = regime(target, drafter, tokenizer, [p.text for p in prompts[: cfg.regime_prompts]],
                                    cfg.regime_steps, stop_ids, progress=progress)
         log(f"regime: {json.dumps(figures['regime'])}")
+        figures["assisted"] = assisted_acceptance(target, drafter, tokenizer,
+                                                  [p.text for p in prompts[: cfg.regime_prompts]],
+                                                  cfg.assisted_num_tokens, cfg.regime_steps, stop_ids)
+        log(f"assisted generation: {json.dumps(figures['assisted'])}")
         speed = measure_speed(root, [p.text for p in prompts[:3]], new_tokens=cfg.greedy_steps)
 
     manifest = {
