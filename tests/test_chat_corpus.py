@@ -144,3 +144,13 @@ def test_chat_prompts_respect_lengths_and_are_deterministic(tokenizer, material:
         assert p.text.endswith(cc.GENERATION_PREFIX) and p.source.startswith("chat:")
     with pytest.raises(ValueError, match="were asked for"):
         cc.build_chat_prompts(material, tokenizer, 0, 5, 5000, 6000, max_tries=50)
+
+
+def test_chat_prompts_are_distinct_even_when_the_generator_repeats(tokenizer) -> None:
+    unit = cc.CodeUnit("f", "def f(x):\n    return x", "Return the argument unchanged.", ("f",))
+    one = cc.Material((unit,), tuple(f"name{i}" for i in range(12)), (unit,))  # every code request is the same
+    generated = [cc.user_turn(cc.generate(one, 0, i, "prompts")[1]) for i in range(400)]
+    assert len(set(generated)) < len(generated)  # the stream itself repeats
+    ps = cc.build_chat_prompts(one, tokenizer, 0, 60, 1, 400)
+    assert len({p.text for p in ps}) == len(ps) == 60
+    assert [p.text for p in ps] == [generated[p.line] for p in ps]

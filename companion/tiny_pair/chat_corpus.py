@@ -452,15 +452,19 @@ def build_chat_prompts(material: Material, tokenizer: PreTrainedTokenizerBase, s
     """The held-out prompt set: user turns of the "prompts" stream with ``min_tokens..max_tokens`` tokens.
 
     Conversation ``i`` of the stream is kept when its templated user turn (ending where the
-    assistant's answer starts) has an acceptable length; the first ``n`` kept form the set. Each
-    prompt records its task (``source = "chat:<task>"``) and its index in the stream (``line``).
+    assistant's answer starts) has an acceptable length and is not a repeat of one already kept;
+    the first ``n`` kept form the set. Each prompt records its task (``source = "chat:<task>"``) and its index in the stream (``line``).
     """
     out: list[Prompt] = []
+    seen: set[str] = set()
     for i in range(max_tries):
         task, q, _ = generate(material, seed, i, "prompts")
         text = user_turn(q)
+        if text in seen:  # the small code tasks can repeat a request; a prompt set has each once
+            continue
         n_tok = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if min_tokens <= n_tok <= max_tokens:
+            seen.add(text)
             out.append(Prompt(f"default-{len(out):04d}", text, n_tok, f"chat:{task}", i))
             if len(out) == n:
                 return out
