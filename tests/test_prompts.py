@@ -10,7 +10,8 @@ from transformers import AutoTokenizer
 
 from companion.prompts import Prompt, dumps_prompts, load_prompts, prompt_set_digest
 from companion.tiny_pair import ASSET_DIR
-from companion.tiny_pair.corpus import is_held_out
+from companion.tiny_pair import chat_corpus as chat
+from companion.tiny_pair import corpus as corpus_mod
 
 
 @pytest.fixture(scope="module")
@@ -19,19 +20,36 @@ def prompts() -> list[Prompt]:
 
 
 def test_default_prompts_shape(prompts: list[Prompt]) -> None:
+    manifest = json.loads((ASSET_DIR / "manifest.json").read_text())["prompts"]
     assert len(prompts) >= 200
     assert len({p.prompt_id for p in prompts}) == len(prompts)
     assert len({p.text for p in prompts}) == len(prompts)
-    assert all(p.n_tokens >= 64 for p in prompts)
-    assert all(p.text.isascii() and "\t" not in p.text and not p.text.endswith("\n") for p in prompts)
-    assert len({p.source for p in prompts}) >= 10  # spread over many held-out files
+    assert all(manifest["min_tokens"] <= p.n_tokens <= manifest["max_tokens"] for p in prompts)
+    # user turns in the chat template, ending where the assistant's answer starts
+    assert all(p.text.startswith(f"{chat.IM_START}user\n") and p.text.endswith(chat.GENERATION_PREFIX)
+               for p in prompts)
+    assert all(p.text.isascii() and "\t" not in p.text for p in prompts)
+    tasks = {p.source.removeprefix("chat:") for p in prompts}
+    assert all(p.source.startswith("chat:") for p in prompts) and tasks <= set(chat.TASKS)
+    assert len(tasks) >= 10  # spread over many kinds of request
 
 
 def test_default_prompts_are_held_out_and_token_counts_are_true(prompts: list[Prompt]) -> None:
+    # Each prompt is conversation `line` of the generator's "prompts" stream on held-out material.
+    import platform
+
     tok = AutoTokenizer.from_pretrained(ASSET_DIR / "tokenizer")
-    assert all(is_held_out(p.source) for p in prompts)
     for p in prompts:
         assert len(tok(p.text, add_special_tokens=False)["input_ids"]) == p.n_tokens, p.prompt_id
+    built_with = json.loads((ASSET_DIR / "manifest.json").read_text())["corpus"]["python"]
+    if built_with != platform.python_version():
+        pytest.skip(f"the pair was built on Python {built_with}; this interpreter's standard library differs")
+    files = corpus_mod.load_corpus(None)
+    _, held = corpus_mod.split_corpus(files)
+    material = chat.make_material(held)
+    for p in prompts[:64]:
+        task, question, _ = chat.generate(material, 0, p.line, "prompts")
+        assert p.text == chat.user_turn(question) and p.source == f"chat:{task}", p.prompt_id
 
 
 def test_digest_is_the_file_sha256_and_in_manifest(prompts: list[Prompt]) -> None:

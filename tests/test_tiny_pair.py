@@ -312,16 +312,17 @@ def test_committed_files_match_manifest(manifest: dict) -> None:
 
 def test_committed_figures(manifest: dict) -> None:
     f = manifest["figures"]
+    # held-out answers (the tokens the loss was on): the target beats its 10x smaller drafter, which agrees
     assert f["target_loss"] < f["drafter_loss"] - 0.1
-    assert f["held_out"]["agreement_top1"] >= 0.6
-    assert f["held_out"]["overlap"] >= 0.7
+    assert f["held_out"]["agreement_top1"] >= 0.7
+    assert f["held_out"]["overlap"] >= 0.8
     models = manifest["models"]
     assert 4_000_000 <= models["target"]["params"] <= 6_000_000
     assert 7 <= models["target"]["params"] / models["drafter"]["params"] <= 14
+    h = f["assisted"]  # transformers' assisted generation: drafts pay off on this pair
+    assert h["num_assistant_tokens"] == 4 and h["accepted_per_round"] >= 1.5
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: the committed pair predates the chat recipe; both chat builds "
-                                       "so far stayed below these targets (see companion.tiny_pair.config)")
 def test_committed_pair_is_the_chat_recipe_in_the_chat_regime(manifest: dict) -> None:
     """The embedded target is in a chat LLM's regime on its own greedy answers (issue 14's targets)."""
     assert manifest["config"] == default_config().to_dict()  # the committed pair is the default recipe
@@ -334,20 +335,26 @@ def test_committed_pair_is_the_chat_recipe_in_the_chat_regime(manifest: dict) ->
 
 
 def test_default_pair_loads_with_qwen3_code_path() -> None:
+    from companion.tiny_pair import chat_corpus as chat
+
     target, drafter, tok = load_pair("default")
     assert isinstance(target, Qwen3ForCausalLM) and isinstance(drafter, Qwen3ForCausalLM)
     assert not target.training and not drafter.training
     assert target.dtype == torch.float32 and target.device.type == "cpu"
     assert len(tok) == target.config.vocab_size == drafter.config.vocab_size
-    from companion.prompts import load_prompts
-
-    text = load_prompts("default")[0].text
-    ids = tok(text, return_tensors="pt")["input_ids"]
+    # A request written for this test in the corpus's style; the pair is scored on the answer only,
+    # as it was trained (answer-only loss).
+    question = "Here is a record:\nname: Nina\ncity: Lisbon\njob: chef\nage: 41\nWhat is the city?"
+    prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                     add_generation_prompt=True)
+    assert prompt == chat.user_turn(question)
+    ids = tok(chat.conversation(question, "The city is Lisbon."), return_tensors="pt")["input_ids"]
+    n = len(tok(prompt)["input_ids"])
     with torch.no_grad():
-        lp = target(input_ids=ids).logits[0, :-1].log_softmax(-1)
-        lq = drafter(input_ids=ids).logits[0, :-1].log_softmax(-1)
-    nll = -lp.gather(-1, ids[0, 1:, None]).mean()
+        lp = target(input_ids=ids).logits[0, n - 1:-1].log_softmax(-1)
+        lq = drafter(input_ids=ids).logits[0, n - 1:-1].log_softmax(-1)
+    nll = -lp.gather(-1, ids[0, n:, None]).mean()
     assert torch.isfinite(lp).all() and torch.isfinite(lq).all()
-    # untrained: ~log(4096) = 8.3 nats; the committed target is > e^2 times better than uniform on held-out code
-    assert nll < torch.log(torch.tensor(float(len(tok)))) - 2.0
-    assert (lp.argmax(-1) == lq.argmax(-1)).float().mean() > 0.4  # the drafter mostly agrees
+    # untrained: ~log(4096) = 8.3 nats a token; the committed target knows how this answer goes
+    assert nll < 1.0, f"answer NLL {nll:.3f} nats/token"
+    assert (lp.argmax(-1) == lq.argmax(-1)).float().mean() >= 0.8  # the drafter mostly agrees
