@@ -158,7 +158,6 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
             ("share of near-ties (p1 - p2 < 0.05)", "frac_near_tie"),
         ):
             out.append(f"  {label:<40} {_fmt(s.get(key)):>8}" + (f"  {_fmt(fs.get(key)):>8}" if fs else ""))
-    out.append("  (Qwen3 on chat prompts, for comparison: top-1 prob mean ~0.85, median ~0.97, 5th pct ~0.35)")
     r = fig.get("regime")
     if r:
         out.append(f"\nregime: target's own greedy answers to {r['n_prompts']} chat prompts, at most {r['max_steps']} "
