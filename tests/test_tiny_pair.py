@@ -178,7 +178,9 @@ def test_pair_report_cli_on_shrunk_build(two_builds: tuple[Path, Path], tmp_path
     # a corrupted file is reported and turns the exit code non-zero
     (a / "prompts.jsonl").write_text((a / "prompts.jsonl").read_text() + "\n")
     assert cli_main(["pair-report", "--pair", str(a), "--no-recompute", "--no-speed"]) == 1
-    assert "MISMATCH: prompts.jsonl" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "MISMATCH: prompts.jsonl" in text
+    assert "strict-greedy certificate: median (nats)" in text and "accepted drafts per round" in text
 
 
 def test_shrunk_build_is_a_chat_pair(two_builds: tuple[Path, Path]) -> None:

@@ -168,6 +168,12 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
                            ("answers ending with EOS", "eos_rate"), ("mean answer length (steps)", "answer_length_mean"),
                            ("drafter greedy token accepted (strict greedy)", "drafter_greedy_acceptance")):
             out.append(f"  {label:<46} {_fmt(r.get(key)):>8}")
+    h = fig.get("assisted")
+    if h:
+        out.append(f"\ntransformers' assisted generation, {h['num_assistant_tokens']} drafts a round, same prompts "
+                   f"({h['rounds']} rounds)")
+        out.append(f"  {'accepted drafts per round':<46} {_fmt(h['accepted_per_round']):>8}")
+        out.append(f"  {'new tokens per round':<46} {_fmt(h['tokens_per_round']):>8}")
     sp, fsp = m.get("speed") or {}, f.get("speed") or {}
     if sp or fsp:
         out.append(f"\nspeed ({(fsp or sp).get('device')}, {(fsp or sp).get('torch_threads')} threads, batch 1, KV cache)"
