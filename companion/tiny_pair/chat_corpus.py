@@ -170,10 +170,6 @@ def _items(rng: random.Random, m: Material, lo: int = 3, hi: int = 8) -> tuple[s
     return kind, rng.sample(list(pool), k)
 
 
-def _sep(rng: random.Random) -> str:
-    return rng.choice((", ", ", ", "; ", " | "))
-
-
 def _pick(rng: random.Random, *options: str) -> str:
     return rng.choice(options)
 
