@@ -12,7 +12,7 @@ take over all such completions (or a number below that), flagging which.
 **When the top k determine it.** A criterion rejects ``y`` iff ``p_y < tau(p)``. Suppose
 ``tau`` is pinned down well enough that the same top-``k`` tokens are accepted whatever the
 tail, and at least one of them is rejected (``r < k`` accepted, in decreasing order). The most
-likely rejected token is then ``y* = `` the ``(r+1)``-th, since no tail token is more likely
+likely rejected token ``y*`` is then the ``(r+1)``-th, since no tail token is more likely
 than ``v_k``. The certificate is ``C(p, y*)``, the cost of lifting ``y*`` to a maximum of
 ``q``; its minimiser pools ``y*`` with tokens *more likely than* ``y*`` (all among the top
 ``r``) and leaves every other token as it is (forward: ``q = p`` there; reverse: ``q`` is
