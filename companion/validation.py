@@ -15,6 +15,8 @@ so the results are those of the exact distribution ``p / sum(p)``.
 from __future__ import annotations
 
 import math
+import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,10 +53,18 @@ def check_divergence(divergence: str) -> str:
     return divergence
 
 
+def check_tensor_device(x: Tensor, what: str) -> None:
+    """A meta tensor has a shape but no values: refuse it before any arithmetic reads them."""
+    if x.device.type == "meta":
+        raise ValueError(f"{what} is on the meta device (a shape without values); "
+                         "load the weights or move the tensor to cpu or cuda first")
+
+
 def check_distribution_tensor(p: Tensor, what: str = "p") -> None:
-    """Shape and dtype checks that need no pass over the data."""
+    """Shape, dtype and device checks that need no pass over the data."""
     if not isinstance(p, Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(p).__name__}")
+    check_tensor_device(p, what)
     if p.dim() < 1:
         raise ValueError(f"{what} must have shape [..., V] with V >= 1, got a scalar")
     if p.shape[-1] < 1:
@@ -63,6 +73,30 @@ def check_distribution_tensor(p: Tensor, what: str = "p") -> None:
         raise ValueError(f"{what} is empty (shape {tuple(p.shape)})")
     if not p.is_floating_point():
         raise ValueError(f"{what} must be a floating-point tensor, got {p.dtype}")
+    # `certified` is the one caller that names its first argument "target logits", and it checks
+    # it once per call: the place to catch probabilities passed with from_logits=True.
+    if what == "target logits":
+        warn_if_probabilities(p, what, stacklevel=4)
+
+
+def warn_if_probabilities(logits: Tensor, what: str = "logits", *, stacklevel: int = 2) -> bool:
+    """Warn (and return True) when every row of ``logits`` lies in [0, 1] and sums to 1.
+
+    Such rows are almost surely probabilities passed with ``from_logits=True``: softmax of
+    them is nearly uniform and every certificate comes out wrong, with no error to show it.
+    Only a heuristic (genuine logits can look like this), hence a warning, not an error.
+    """
+    if logits.numel() == 0 or logits.device.type == "meta":
+        return False
+    if bool((logits.amin() < 0) | (logits.amax() > 1)):
+        return False
+    sums = logits.sum(-1, dtype=torch.float64)
+    tol = ROW_SUM_TOLERANCE.get(logits.dtype, 1e-4)
+    if not bool(((sums - 1).abs() <= tol).all()):
+        return False
+    warnings.warn(f"{what}: every row lies in [0, 1] and sums to 1, so these look like probabilities, "
+                  "not logits; pass them with from_logits=False", UserWarning, stacklevel=stacklevel)
+    return True
 
 
 def check_probability_rows(p: Tensor, sums: Tensor, what: str = "p") -> None:
@@ -104,6 +138,40 @@ def check_logit_rows(logits: Tensor, lse: Tensor, what: str = "logits") -> None:
         bad = test(lse)
         if bool(bad.any()):
             raise ValueError(f"{what} has {problem} in {_first_bad(bad, lead)}")
+
+
+def check_tree_widths(widths: Any) -> list[int]:
+    """One width or an iterable of them, as a list (``certificates`` accepts both spellings)."""
+    if isinstance(widths, bool):
+        raise ValueError(f"tree_widths must be an integer or a list of integers, got {widths!r}")
+    if isinstance(widths, int):
+        return [widths]
+    if isinstance(widths, (str, bytes)):
+        raise ValueError(f"tree_widths must be an integer or a list of integers, got {widths!r}")
+    try:
+        return list(widths)
+    except TypeError:
+        raise ValueError(f"tree_widths must be an integer or a list of integers, got {widths!r}") from None
+
+
+def check_divergences(divergences: Any) -> list[str]:
+    """One divergence name or an iterable of them, checked (a bare string is one name, not its letters)."""
+    if isinstance(divergences, str):
+        return [check_divergence(divergences)]
+    try:
+        items = list(divergences)
+    except TypeError:
+        raise ValueError(f"divergences must be one of {DIVERGENCES} or a list of them, got {divergences!r}") from None
+    return [check_divergence(d) for d in items]
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """An integer >= 1 (bool and float refused: 1.5 or True is a mistake, not a count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def check_tree_width(m: int, vocab: int) -> int:
