@@ -79,7 +79,7 @@ from companion.criteria import (
     parse_criteria,
 )
 from companion.summary import TopSummary
-from companion.validation import check_divergence
+from companion.validation import check_divergences, check_positive_int, check_tensor_device, check_tree_widths
 
 SUM_TOLERANCE = 1e-3
 """How far above 1 the known probabilities plus the tail may sum (server rounding) before the
@@ -106,34 +106,80 @@ class LogprobCertificate:
         return f"LogprobCertificate({int(self.exact.sum())}/{self.exact.numel()} exact, values {self.value})"
 
 
-def _entry_logprob(entry: Any, where: str) -> float:
-    if isinstance(entry, bool):
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"{where}: expected a logprob (a number), got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a logprob (a number), got {value!r}") from None
+
+
+def _entry_logprob(entry: Any, where: str) -> tuple[Any, float]:
+    """``(token or None, logprob)`` of one entry; the token is None for a bare number."""
+    if isinstance(entry, (bool, str, bytes)):
         raise ValueError(f"{where}: expected a logprob, got {entry!r}")
     if isinstance(entry, (int, float)):
-        return float(entry)
+        return None, float(entry)
     if isinstance(entry, Mapping) and "logprob" in entry:
-        return float(entry["logprob"])
+        return entry.get("token"), _number(entry["logprob"], where)
     if hasattr(entry, "logprob"):
-        return float(entry.logprob)
+        return getattr(entry, "token", None), _number(entry.logprob, where)
     raise ValueError(f"{where}: expected a logprob (a number, a dict with 'logprob', or an object with .logprob), "
                      f"got {type(entry).__name__}")
 
 
+def _same_logprob(a: float, b: float) -> bool:
+    # Two copies of one server value may differ by a float32 round trip through JSON, no more.
+    return a == b or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def _step_logprobs(row: Any, i: int) -> list[float]:
+    """One step's logprobs, each token once.
+
+    A token may be listed twice only with the same logprob: vLLM appends the sampled token to
+    the top k even when it is already among them. That copy is dropped. Two different values for
+    one token cannot both be its probability, and counting both would certify two tied tokens
+    where there is one: refused. (Dict keys are unique already; bare numbers carry no token.)
+    """
+    if isinstance(row, Mapping):
+        return [_entry_logprob(lp, f"step {i}, token {tok!r}")[1] for tok, lp in row.items()]
+    if isinstance(row, (str, bytes)) or not isinstance(row, Iterable):
+        raise ValueError(f"step {i}: expected a dict or list of top logprobs, got {type(row).__name__}")
+    seen: dict[Any, float] = {}
+    out = []
+    for j, entry in enumerate(row):
+        token, lp = _entry_logprob(entry, f"step {i}, entry {j}")
+        if token is not None:
+            try:
+                first = seen.get(token)
+            except TypeError:  # an unhashable token: nothing to compare it with
+                first = None
+            if first is not None:
+                if not _same_logprob(first, lp):
+                    raise ValueError(f"step {i}: token {token!r} is listed twice with different logprobs "
+                                     f"({first!r} and {lp!r}); each token may appear once per step")
+                continue
+            try:
+                seen[token] = lp
+            except TypeError:
+                pass
+        out.append(lp)
+    return out
+
+
 def _rows_from_lists(rows: Sequence[Any], top_k: int | None) -> tuple[Tensor, Tensor]:
     """Per step: the ``k`` largest logprobs given (sorted) and the probability of the ones dropped."""
-    parsed = []
-    for i, row in enumerate(rows):
-        entries = list(row.values()) if isinstance(row, Mapping) else row
-        if isinstance(entries, (str, bytes)) or not isinstance(entries, Iterable):
-            raise ValueError(f"step {i}: expected a dict or list of top logprobs, got {type(row).__name__}")
-        parsed.append([_entry_logprob(e, f"step {i}") for e in entries])
+    parsed = [_step_logprobs(row, i) for i, row in enumerate(rows)]
     if not parsed:
         raise ValueError("logprobs is empty: give the top logprobs of at least one step")
+    empty = [i for i, r in enumerate(parsed) if not r]
+    if empty:
+        raise ValueError(f"logprobs: step {empty[0]} has no logprobs; every step needs at least one")
     k = min(len(r) for r in parsed) if top_k is None else top_k
     short = [i for i, r in enumerate(parsed) if len(r) < k]
-    if short or k < 1:
-        raise ValueError(f"step {short[0] if short else 0} has {len(parsed[short[0]]) if short else 0} logprobs; "
-                         f"every step needs at least top_k={max(k, 1)}")
+    if short:
+        raise ValueError(f"step {short[0]} has {len(parsed[short[0]])} logprobs; every step needs at least top_k={k}")
     width = max(len(r) for r in parsed)
     full = torch.full((len(parsed), width), -math.inf, dtype=torch.float64)
     for i, r in enumerate(parsed):
@@ -152,9 +198,9 @@ def _split_top(lp: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def certificates_from_logprobs(
     logprobs: Tensor | Sequence[Any],
     criteria: Sequence[Criterion | str] | Criterion | str = (),
-    divergences: Iterable[str] = ("forward", "reverse"),
+    divergences: Iterable[str] | str = ("forward", "reverse"),
     *,
-    tree_widths: Iterable[int] = (),
+    tree_widths: Iterable[int] | int = (),
     tail_mass: float | Tensor | Sequence[float] | None = None,
     vocab: int | None = None,
     top_k: int | None = None,
@@ -167,6 +213,9 @@ def certificates_from_logprobs(
     ``{"token": ..., "logprob": ...}`` (OpenAI's ``top_logprobs``). ``top_k``: keep the ``top_k``
     largest of each step (vLLM may add the sampled token beyond the top ``k``; pass the ``k``
     you asked for); lists default to the shortest step's length. Dropped entries count as tail.
+    A token listed twice in one step must carry the same logprob both times (vLLM's appended
+    sampled token); the copy is dropped. Different values for one token are refused.
+    ``divergences`` and ``tree_widths`` take one value or a list, as in ``certificates``.
 
     ``tail_mass``: the probability outside the entries given, per step (scalar or leading
     shape); default ``1 - sum(exp(logprobs))``. ``vocab``: the vocabulary size ``V`` if known
@@ -178,7 +227,13 @@ def certificates_from_logprobs(
     leading shape) and ``exact`` (bool). The module docstring derives when the value is exact
     and why it is otherwise a lower bound over every completion of the unseen tail.
     """
+    # Every argument is checked before any work, so that a mistake is one line, not a traceback.
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    widths = check_tree_widths(tree_widths)
+    divs = check_divergences(divergences)
     if isinstance(logprobs, Tensor):
+        check_tensor_device(logprobs, "logprobs")
         if not logprobs.is_floating_point() or logprobs.dim() < 1 or logprobs.shape[-1] < 1 or logprobs.numel() == 0:
             raise ValueError(f"logprobs must be a float tensor [..., k] with k >= 1, got {logprobs.dtype} "
                              f"{tuple(logprobs.shape)}")
@@ -202,7 +257,7 @@ def certificates_from_logprobs(
     if tail_mass is None:
         tail = (1 - known).clamp(min=0) + dropped
     else:
-        given = torch.as_tensor(tail_mass, dtype=torch.float64).detach().cpu()
+        given = _tail_tensor(tail_mass)
         try:
             given = given.expand(lead).reshape(n)
         except RuntimeError:
@@ -234,14 +289,13 @@ def certificates_from_logprobs(
             raise ValueError(f"step {bad}: a tail of mass {float(tail[bad]):.6g} does not fit in V - k = {vocab - k} "
                              f"tokens of probability at most p(k) = {float(v[bad, -1]):.6g}; is vocab={vocab} right?")
         tail = torch.minimum(tail, room)   # within the tolerance: rounding (no tail at all when V = k)
-    divs = [check_divergence(d) for d in divergences]
     crits = parse_criteria(criteria) if criteria else []
     out: dict[tuple[str, str], LogprobCertificate] = {}
     for c in crits:
         value, exact = _criterion_bound(c, v, tail, vocab, divs)
         for div in divs:
             out[(str(c), div)] = LogprobCertificate(value[div].reshape(lead).to(device), exact.reshape(lead).to(device))
-    for m in tree_widths:
+    for m in widths:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or (vocab is not None and m >= vocab):
             raise ValueError(f"tree width m must be an integer with 1 <= m < V, got {m!r}")
         # Tied maximisers all join the pool (the book's tie convention), so the competitors are
@@ -257,6 +311,21 @@ def certificates_from_logprobs(
             cost, _ = tree_cost(competitors, m, div)
             out[(f"tree:{m}", div)] = LogprobCertificate(cost.reshape(lead).to(device), exact.reshape(lead).to(device))
     return out
+
+
+def _tail_tensor(tail_mass: Any) -> Tensor:
+    """``tail_mass`` as float64 on the CPU: a number, a sequence of numbers, or a real tensor."""
+    bad = f"tail_mass must be a number, a sequence of numbers or a tensor, got {tail_mass!r}"
+    if isinstance(tail_mass, (bool, str, bytes)):
+        raise ValueError(bad)
+    if isinstance(tail_mass, Tensor):
+        check_tensor_device(tail_mass, "tail_mass")
+        if tail_mass.dtype == torch.bool or tail_mass.is_complex():
+            raise ValueError(f"tail_mass must be a real tensor, got dtype {tail_mass.dtype}")
+    try:
+        return torch.as_tensor(tail_mass, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(bad) from None
 
 
 def _padded(v: Tensor, tail: Tensor, width: int) -> Tensor:
