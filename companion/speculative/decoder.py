@@ -23,8 +23,9 @@ most ``max_length - cur_len - 1`` tokens so that its last token is the target's.
 from __future__ import annotations
 
 import math
+import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -120,18 +121,46 @@ def drafter_rho(q_logits: Tensor, criterion: Criterion, q1: float, q2: float) ->
     return math.inf if g >= 1.0 else -math.log1p(-g)
 
 
+def _token_id(x: Any, what: str) -> int:
+    """An integer id (Python or numpy int, or a 0-d integer tensor); floats and bools refused, as transformers does."""
+    if isinstance(x, Tensor):
+        if x.dim() != 0 or x.is_floating_point() or x.dtype == torch.bool:
+            raise ValueError(f"{what} must be integer token ids, got a tensor of dtype {x.dtype} and shape {tuple(x.shape)}")
+        return int(x)
+    if isinstance(x, (bool, str, bytes)):
+        raise ValueError(f"{what} must be integer token ids, got {x!r}")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise ValueError(f"{what} must be integer token ids, got {x!r} ({type(x).__name__})") from None
+
+
 def _eos_ids(eos_token_id: int | Sequence[int] | None, target: Any) -> frozenset[int]:
     if eos_token_id is None:
         eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
         if eos_token_id is None:
             return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(e) for e in eos_token_id)
+    # A string is not a list of ids: "445" would otherwise read as {4, 5}, and tok.eos_token as
+    # its characters.
+    if isinstance(eos_token_id, (str, bytes)):
+        raise ValueError(f"eos_token_id must be an integer id or a list of ids, got the string {eos_token_id!r}; "
+                         "pass tokenizer.eos_token_id, not tokenizer.eos_token")
+    if isinstance(eos_token_id, Tensor):
+        eos_token_id = eos_token_id.reshape(-1) if eos_token_id.dim() else eos_token_id
+        if eos_token_id.dim() == 0:
+            return frozenset([_token_id(eos_token_id, "eos_token_id")])
+        return frozenset(_token_id(e, "eos_token_id") for e in eos_token_id)
+    if isinstance(eos_token_id, Iterable):
+        return frozenset(_token_id(e, "eos_token_id") for e in eos_token_id)
+    return frozenset([_token_id(eos_token_id, "eos_token_id")])
 
 
 def _prompt_ids(input_ids: Tensor | Sequence[int]) -> list[int]:
     if isinstance(input_ids, Tensor):
+        if input_ids.device.type == "meta":
+            raise ValueError("input_ids is on the meta device (a shape without values); pass real token ids")
+        if input_ids.is_floating_point() or input_ids.dtype == torch.bool or input_ids.is_complex():
+            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
                 raise ValueError(f"speculative generate decodes one sequence: input_ids has batch size {input_ids.shape[0]}, expected 1")
@@ -139,10 +168,38 @@ def _prompt_ids(input_ids: Tensor | Sequence[int]) -> list[int]:
         if input_ids.dim() != 1 or input_ids.numel() == 0:
             raise ValueError(f"input_ids must be a non-empty [1, L] or [L] tensor, got shape {tuple(input_ids.shape)}")
         return [int(x) for x in input_ids.tolist()]
-    ids = [int(x) for x in input_ids]
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Iterable):
+        raise ValueError(f"input_ids must be token ids (a tensor or a list of integers), got {type(input_ids).__name__}; "
+                         "tokenize the text first")
+    ids = [_token_id(x, "input_ids") for x in input_ids]
     if not ids:
         raise ValueError("input_ids must not be empty")
     return ids
+
+
+def _check_model(model: Any, what: str) -> int:
+    """The vocabulary size of a causal LM (its output rows); anything else is refused by name."""
+    head = getattr(model, "get_output_embeddings", None)
+    if not callable(head) or not callable(model) or head() is None:
+        raise ValueError(f"{what} must be a causal language model (transformers' AutoModelForCausalLM), "
+                         f"got {type(model).__name__}")
+    device = getattr(model, "device", None)
+    if device is None:
+        device = next((w.device for w in model.parameters()), None) if hasattr(model, "parameters") else None
+    if device is not None and torch.device(device).type == "meta":
+        raise ValueError(f"{what} is on the meta device (its weights were never loaded); "
+                         "load it with from_pretrained or move it to cpu or cuda")
+    return int(head().weight.shape[0])
+
+
+def _check_ids_in_vocab(ids: list[int], models: Sequence[Any], vocab: int) -> None:
+    # The input embeddings bound the ids a model can read (they may be fewer than its logits).
+    sizes = [vocab] + [int(e.weight.shape[0]) for m in models
+                       if (e := getattr(m, "get_input_embeddings", lambda: None)()) is not None]
+    limit = min(sizes)
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < limit), None)
+    if bad is not None:
+        raise ValueError(f"input_ids[{bad}] = {ids[bad]} is not a token id of the models: ids must lie in [0, {limit})")
 
 
 def _forward(model: Any, ids: list[int], cache: DynamicCache, keep: int) -> Tensor:
@@ -176,11 +233,12 @@ def generate(
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     crit = parse_criterion(criterion)
     pol = parse_policy(policy)
+    vt = _check_model(target, "target")
+    vd = _check_model(drafter, "drafter")
     seq = _prompt_ids(input_ids)
-    vt = target.get_output_embeddings().weight.shape[0]
-    vd = drafter.get_output_embeddings().weight.shape[0]
     if vt != vd:
         raise ValueError(f"target and drafter vocabularies differ ({vt} vs {vd} logits); a drafter must share the target's vocabulary")
+    _check_ids_in_vocab(seq, (target, drafter), vt)
     eos = _eos_ids(eos_token_id, target)
     lossless = isinstance(crit, StrictGreedy)
     needs_rho = bool(getattr(pol, "needs_certificate", False))

@@ -47,6 +47,8 @@ from transformers.utils import logging as hf_logging
 from companion.speculative.decoder import (
     SpeculativeResult,
     Timings,
+    _check_ids_in_vocab,
+    _check_model,
     _eos_ids,
     _prompt_ids,
 )
@@ -142,7 +144,11 @@ def hf_assisted_generate(
     verifies every candidate it drafts); ``extra["n_matches"]`` keeps transformers' own counts.
     """
     settings = hf_settings(policy)
-    ids = torch.tensor([_prompt_ids(input_ids)], dtype=torch.long, device=target.device)
+    vocab = _check_model(target, "target")
+    _check_model(drafter, "drafter")
+    seq = _prompt_ids(input_ids)
+    _check_ids_in_vocab(seq, (target, drafter), vocab)
+    ids = torch.tensor([seq], dtype=torch.long, device=target.device)
     eos = sorted(_eos_ids(eos_token_id, target))
     gc = drafter.generation_config
     # transformers also overwrites the assistant's eos_token_id with the target's
