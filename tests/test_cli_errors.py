@@ -124,6 +124,26 @@ def _project(work: Path, ctx: dict, monkeypatch) -> None:
                    "raise RuntimeError('must not run')")
 
 
+def _project_with_vocab(work: Path, ctx: dict, monkeypatch) -> None:
+    _project(work, ctx, monkeypatch)
+    write_notebook(work / "project" / "notebooks" / "03_greedy.ipynb", "vocab = 32  # their vocabulary",
+                   "raise RuntimeError('must not run')")
+    (work / "project" / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n"
+                                               "  - file: notebooks/03_greedy\n  - file: notebooks/07_eval\n")
+
+
+def _not_a_project(work: Path, ctx: dict, monkeypatch) -> None:
+    (work / "plain").mkdir()
+    (work / "plain" / "notes.txt").write_text("mine")
+
+
+def _read_only_figures(work: Path, ctx: dict, monkeypatch) -> None:
+    _project(work, ctx, monkeypatch)
+    _read_only_out(work, ctx, monkeypatch)
+
+
+RHELP = " (see `companion reproduce --help`)"
+
 # (id, arguments after `companion`, the one line expected on stderr, setup or None). Placeholders:
 # {work} the test's folder, {t} {d} {tok} the pair, {other_tok} {other_drafter} one token more,
 # {p} a prompt file, {torch} torch's version.
@@ -225,6 +245,42 @@ CASES = [
     ("reproduce-mistyped-parameter", ["reproduce", "--root", "{work}/project", "-p", "n_prompts", "abc"],
      "companion reproduce: error: -p n_prompts 'abc': 07_eval expects an integer for n_prompts (its default is 64), "
      "got 'abc'", _project),
+    ("reproduce-root-missing", ["reproduce", "--root", "{work}/nonexistent", "--no-build"],
+     "companion reproduce: error: --root {work}/nonexistent: no such folder", None),
+    ("reproduce-list-root-missing", ["reproduce", "--list", "--root", "{work}/nonexistent"],
+     "companion reproduce: error: --root {work}/nonexistent: no such folder", None),
+    ("reproduce-root-not-a-project", ["reproduce", "--root", "{work}/plain"],
+     "companion reproduce: error: --root {work}/plain: not a book project (no _toc.yml or _config.yml in it)",
+     _not_a_project),
+    ("reproduce-list-root-not-a-project", ["reproduce", "--list", "--root", "{work}/plain"],
+     "companion reproduce: error: --root {work}/plain: not a book project (no _toc.yml or _config.yml in it)",
+     _not_a_project),
+    ("reproduce-root-is-a-file", ["reproduce", "--root", "{work}/taken"],
+     "companion reproduce: error: --root {work}/taken is a file; pass the project folder (the one holding _toc.yml)",
+     _write("taken", b"mine")),
+    ("reproduce-cell-timeout-0", ["reproduce", "--root", "{work}/project", "--cell-timeout", "0"],
+     "companion reproduce: argument --cell-timeout: expected a positive integer (seconds), got '0'" + RHELP, _project),
+    ("reproduce-cell-timeout-negative", ["reproduce", "--root", "{work}/project", "--cell-timeout", "-1"],
+     "companion reproduce: argument --cell-timeout: expected a positive integer (seconds), got '-1'" + RHELP,
+     _project),
+    ("reproduce-cell-timeout-text", ["reproduce", "--root", "{work}/project", "--cell-timeout", "1m"],
+     "companion reproduce: argument --cell-timeout: expected a positive integer (seconds), got '1m'" + RHELP,
+     _project),
+    ("reproduce-vocab-1", ["reproduce", "--root", "{work}/project", "--only", "03", "-p", "vocab", "1"],
+     "companion reproduce: error: -p vocab 1: 03_greedy needs vocab >= 2 (a vocabulary needs at least 2 tokens), "
+     "got 1", _project_with_vocab),
+    ("reproduce-count-0", ["reproduce", "--root", "{work}/project", "-p", "n_prompts", "0"],
+     "companion reproduce: error: -p n_prompts 0: 07_eval needs n_prompts >= 1 (a count must be at least 1), got 0",
+     _project),
+    ("reproduce-figures-dir-proc", ["reproduce", "--root", "{work}/project", "--figures-dir", "/proc/x"],
+     "companion reproduce: error: --figures-dir /proc/x is not writable (cannot create it in /proc); "
+     "pass a folder you can write to", _project),
+    ("reproduce-figures-dir-read-only", ["reproduce", "--root", "{work}/project", "--figures-dir", "{work}/ro/figs"],
+     "companion reproduce: error: --figures-dir {work}/ro/figs is not writable (cannot create it in {work}/ro); "
+     "pass a folder you can write to", _read_only_figures),
+    ("reproduce-figures-dir-is-a-file", ["reproduce", "--root", "{work}/project", "--figures-dir", "{work}/taken"],
+     "companion reproduce: error: --figures-dir {work}/taken is a file; pass a folder",
+     lambda work, ctx, mp: (_project(work, ctx, mp), _write("taken", b"mine")(work, ctx, mp))),
     ("reproduce-unknown-option", ["reproduce", "--root", "{work}/project", "--profiles", "gpu"],
      "companion reproduce: unrecognized arguments: --profiles gpu (see `companion reproduce --help`)", _project),
 ]

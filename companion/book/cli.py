@@ -8,7 +8,7 @@ from pathlib import Path
 
 from companion.book.layout import Layout, ReproduceError, find_root
 from companion.book.parameters import available_profiles, notebook_parameters, parse_value
-from companion.book.run import reproduce
+from companion.book.run import check_figures_dir, reproduce
 from companion.book.stage import build_book
 from companion.book.toc import read_chapters
 
@@ -16,8 +16,32 @@ from companion.book.toc import read_chapters
 # Command line
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a cell limit of 0 or -1 would silently mean "no limit")."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (seconds), got {text!r}")
+    return value
+
+
+def _given_root(text: str) -> Path:
+    """``--root`` as given: it must be a project, never silently replaced by another one."""
+    root = Path(text).expanduser()
+    if not root.exists():
+        raise ReproduceError(f"--root {text}: no such folder")
+    if not root.is_dir():
+        raise ReproduceError(f"--root {text} is a file; pass the project folder (the one holding _toc.yml)")
+    missing = [name for name in ("_toc.yml", "_config.yml") if not (root / name).is_file()]
+    if missing:
+        raise ReproduceError(f"--root {text}: not a book project (no {' or '.join(missing)} in it)")
+    return root
+
+
 def _layout_from_args(args: argparse.Namespace) -> Layout:
-    root = find_root(Path(args.root) if args.root else None)
+    root = _given_root(args.root) if args.root else find_root(None)
     figures = Path(args.figures_dir) if getattr(args, "figures_dir", None) else None
     return Layout.at(root, figures)
 
@@ -46,6 +70,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         layout = _layout_from_args(args)
         if args.list:
             return _list_chapters(layout)
+        check_figures_dir(layout, args.figures_dir)
         overrides = {name: parse_value(value) for name, value in args.param}
         reproduce(layout, args.profile, overrides, args.only, build=not args.no_build,
                   keep_going=args.keep_going, require_all=args.require_all, cell_timeout=args.cell_timeout)
@@ -79,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the book")
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     p.add_argument("--require-all", action="store_true", help="fail if a chapter's notebook does not exist")
-    p.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS", help="limit per cell")
+    p.add_argument("--cell-timeout", type=_positive_int, default=None, metavar="SECONDS", help="limit per cell")
     p.add_argument("--figures-dir", default=None, help="where figures go (default: figures/ at the root)")
     p.add_argument("--root", default=None, help="project root (default: found from the working directory)")
     p.add_argument("--list", action="store_true",

@@ -105,7 +105,8 @@ def _error_summary(err: BaseException) -> str:
         text = f"cell {err.exec_count} raised {err.ename}: {err.evalue}"
     else:
         text = f"{type(err).__name__}: {err}"
-    return strip_ansi(text)
+    # Exception texts may span lines (a cell timeout quotes the cell): the summary stays one line.
+    return " ".join(strip_ansi(text).split())
 
 
 def strip_ansi(text: str) -> str:

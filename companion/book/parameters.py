@@ -205,6 +205,30 @@ def _type_error(value: Any, param: NotebookParameter, chapter: str) -> str:
             f"got {value!r}{hint}")
 
 
+# Ranges the chapters' parameters share by name: a value outside one makes a chapter crash deep
+# inside (a vocabulary of one token has no second token to rank), so it is refused before any
+# notebook runs. (name test, smallest value, why)
+_LOWER_BOUNDS: list[tuple[Any, int, str]] = [
+    (lambda n: n == "seed", 0, "a seed is a non-negative integer"),
+    (lambda n: n.endswith("vocab") or n.endswith("_vocabs"), 2, "a vocabulary needs at least 2 tokens"),
+    (lambda n: n.startswith("n_") or n in ("batch_size", "max_new_tokens", "run_length"), 1,
+     "a count must be at least 1"),
+    (lambda n: n.endswith("widths"), 1, "a tree width is at least 1"),
+]
+
+
+def _range_error(name: str, value: Any, chapter: str) -> str | None:
+    """Why ``value`` is out of the range its name implies (see ``_LOWER_BOUNDS``), or None."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for test, low, why in _LOWER_BOUNDS:
+        if not test(name):
+            continue
+        bad = [x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool) and x < low]
+        if bad:
+            return f"{chapter} needs {name} >= {low} ({why}), got {value!r}"
+    return None
+
+
 def plan_parameters(
     chapters: list[Chapter],
     declared: dict[str, set[str]],
@@ -246,6 +270,11 @@ def plan_parameters(
                 origin = (f"-p {name} {value!r}" if name in overrides else
                           f"profile {profile.name!r} sets {name} to {value!r}")
                 raise ReproduceError(f"{origin}: {_type_error(value, param, chapter.name)}")
+            problem = _range_error(name, value, chapter.name)
+            if problem is not None:
+                origin = (f"-p {name} {value!r}" if name in overrides else
+                          f"profile {profile.name!r} sets {name} to {value!r}")
+                raise ReproduceError(f"{origin}: {problem}")
         plans[chapter.name] = params
     for key in overrides:
         if not any(key in declared[c.name] for c in chapters):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import os
 import platform
 import shutil
 import sys
@@ -27,6 +28,25 @@ from companion.book.toc import read_chapters, select_chapters
 # The whole run
 
 
+def check_figures_dir(layout: Layout, given: str | None) -> None:
+    """Refuse a figures folder that cannot be written, before any chapter runs (writes nothing)."""
+    name = f"--figures-dir {given}" if given else f"the figures folder {layout.figures}"
+    path = layout.figures
+    if path.exists() and not path.is_dir():
+        raise ReproduceError(f"{name} is a file; pass a folder")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ReproduceError(f"{name}: cannot create it, {existing} is a file")
+    # os.access answers yes to root almost anywhere, including /proc and /sys where mkdir then
+    # fails: refuse the kernel's pseudo file systems by name.
+    pseudo = next((p for p in (Path("/proc"), Path("/sys")) if existing == p or p in existing.parents), None)
+    if pseudo is not None or not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == path else f" (cannot create it in {existing})"
+        raise ReproduceError(f"{name} is not writable{where}; pass a folder you can write to")
+
+
 def reproduce(
     layout: Layout,
     profile_name: str = "cpu",
@@ -40,6 +60,9 @@ def reproduce(
     log: Any = print,
 ) -> RunRecord:
     """Execute the selected chapters, record them, then (optionally) build the book."""
+    if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)
+                                     or cell_timeout < 1):
+        raise ReproduceError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
     overrides = overrides or {}
     chapters = read_chapters(layout.root)
     if not chapters:
@@ -56,6 +79,7 @@ def reproduce(
     declared = {name: set(params) for name, params in parameters.items()}
     plans = plan_parameters(runnable, declared, profile, overrides, [c.name for c in chapters], parameters)
     devices = {c.name: describe_device(plans[c.name].get("device")) for c in runnable}  # refuse before running
+    check_figures_dir(layout, None)  # a chapter's figures must have somewhere to go before it runs
 
     layout.work.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=layout.work))
@@ -96,7 +120,8 @@ def reproduce(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
-        raise RunFailure(f"{len(failures)} notebook(s) failed:\n" + "\n".join(failures))
+        # One line, as every other error of the command: the log above has one line per chapter.
+        raise RunFailure(failures[0] if len(failures) == 1 else f"{len(failures)} notebooks failed: " + "; ".join(failures))
     if build:
         build_book(layout, log)
     return record
