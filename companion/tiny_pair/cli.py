@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the config's, 0)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set target_stage.steps=100 (repeatable)")
-    p.add_argument("--compare-to", type=Path, default=ASSET_DIR / "manifest.json",
+    p.add_argument("--compare-to", type=Path, default=None,
                    help="manifest to compare the rebuilt files against (default: the committed one)")
     p.add_argument("--reuse-target", type=Path, default=None, metavar="PAIR_DIR",
                    help="load tokenizer and target from a finished build instead of retraining them; refused unless "
@@ -54,15 +54,66 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.set_defaults(func=cmd_pair_report)
 
 
+class _Refused(Exception):
+    """A mistake in the arguments, found before any work: one line on stderr, exit status 2."""
+
+
+def _refuse(command: str, err: object) -> int:
+    print(f"companion {command}: {err}", file=sys.stderr)
+    return 2
+
+
+def _check_reuse_target(path: Path) -> None:
+    from companion.tiny_pair.report import PairFolderError, read_pair_manifest
+
+    try:
+        manifest = read_pair_manifest(path)
+    except PairFolderError as err:
+        raise _Refused(f"--reuse-target {err}") from None
+    if "files_sha256" not in manifest or not (path / "tokenizer" / "tokenizer.json").is_file():
+        raise _Refused(f"--reuse-target {path}: no tokenizer/tokenizer.json or file digests; "
+                       "pass a folder written by companion retrain")
+
+
+def _compare_manifest(path: Path) -> Path:
+    """The manifest file ``--compare-to`` names (a pair folder stands for its manifest.json)."""
+    manifest = path / "manifest.json" if path.is_dir() else path
+    if not manifest.exists():
+        where = f"{path}: no manifest.json in this folder" if path.is_dir() else f"{path}: no such file"
+        raise _Refused(f"--compare-to {where}; pass a pair's manifest.json or its folder")
+    try:
+        loaded = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _Refused(f"--compare-to {manifest} is not a readable JSON manifest ({err})") from None
+    if not isinstance(loaded, dict) or "files_sha256" not in loaded:
+        raise _Refused(f"--compare-to {manifest}: not a pair manifest (no files_sha256)")
+    return manifest
+
+
 def cmd_retrain(args: argparse.Namespace) -> int:
-    from companion.tiny_pair.config import apply_overrides, default_config, shrunk_config
+    from companion.tiny_pair.config import ConfigOverrideError, apply_overrides, default_config, shrunk_config
     from companion.tiny_pair.train import build_pair, compare_to_manifest
 
-    cfg = shrunk_config() if args.shrink else default_config()
-    overrides = dict(_split_kv(s) for s in args.overrides)
-    if args.seed is not None:
-        overrides["seed"] = str(args.seed)
-    cfg = apply_overrides(cfg, overrides)
+    # Every argument is checked here, before a training run that may last an hour.
+    try:
+        cfg = shrunk_config() if args.shrink else default_config()
+        overrides = dict(_split_kv(s) for s in args.overrides)
+        if args.seed is not None:
+            overrides["seed"] = str(args.seed)
+        try:
+            cfg = apply_overrides(cfg, overrides)
+        except ConfigOverrideError as err:
+            raise _Refused(f"--set {err}") from None
+        if args.reuse_target is not None:
+            _check_reuse_target(args.reuse_target)
+        # The committed manifest by default (skipped if this install lacks it); one named must exist.
+        default_ref = ASSET_DIR / "manifest.json"
+        ref_path = (_compare_manifest(args.compare_to) if args.compare_to is not None
+                    else default_ref if default_ref.is_file() else None)
+        if args.out.exists() and not args.out.is_dir():
+            raise _Refused(f"--out {args.out} is a file; pass a folder (it is replaced atomically if it exists)")
+    except _Refused as err:
+        return _refuse("retrain", err)
     # SIGTERM (e.g. a job runner's timeout) becomes SystemExit, so the staging folder is cleaned up.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
@@ -72,8 +123,7 @@ def cmd_retrain(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     print(f"wrote {result.out_dir}")
     print(format_report(result.manifest, None))
-    ref_path: Path = args.compare_to
-    if ref_path.is_file() and ref_path.resolve() != (result.out_dir / "manifest.json").resolve():
+    if ref_path is not None and ref_path.resolve() != (result.out_dir / "manifest.json").resolve():
         diffs = compare_to_manifest(result.manifest, json.loads(ref_path.read_text()))
         if diffs:
             print(f"differs from {ref_path}:")
@@ -90,13 +140,18 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 def _split_kv(s: str) -> tuple[str, str]:
     if "=" not in s:
-        raise SystemExit(f"--set expects KEY=VALUE, got {s!r}")
+        raise _Refused(f"--set expects KEY=VALUE, got {s!r}")
     k, v = s.split("=", 1)
     return k.strip(), v.strip()
 
 
 def cmd_pair_report(args: argparse.Namespace) -> int:
-    from companion.tiny_pair.report import pair_report
+    from companion.tiny_pair.report import PairFolderError, pair_report, read_pair_manifest
+
+    try:
+        read_pair_manifest(args.pair)  # before any model loads
+    except PairFolderError as err:
+        return _refuse("pair-report", f"--pair {err}")
 
     manifest, fresh = pair_report(args.pair, recompute=not args.no_recompute, speed=not args.no_speed)
     if args.json:

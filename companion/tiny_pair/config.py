@@ -146,32 +146,69 @@ def shrunk_config(seed: int = 0) -> TrainConfig:
     )
 
 
+class ConfigOverrideError(KeyError, ValueError):
+    """A ``--set KEY=VALUE`` that names no config field or whose value does not parse.
+
+    A KeyError for callers that catch an unknown key as one, a ValueError for a bad value; its
+    text is the plain message (KeyError alone would quote it).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, str]) -> TrainConfig:
-    """Return ``cfg`` with ``key=value`` overrides; dotted keys reach nested specs (``target_stage.steps=10``)."""
+    """Return ``cfg`` with ``key=value`` overrides; dotted keys reach nested specs (``target_stage.steps=10``).
+
+    Raises :class:`ConfigOverrideError` (one line naming the key) for an unknown key or a value
+    that does not parse as the field's type.
+    """
     d = cfg.to_dict()
     for key, raw in overrides.items():
         node = d
         parts = key.split(".")
-        for p in parts[:-1]:
+        for i, p in enumerate(parts[:-1]):
             if p not in node or not isinstance(node[p], dict):
-                raise KeyError(f"unknown config key {key!r}")
+                raise ConfigOverrideError(f"{key}={raw}: unknown config key {key!r}; known: {_known(node, parts[:i])}")
             node = node[p]
         leaf = parts[-1]
-        if leaf not in node:
-            raise KeyError(f"unknown config key {key!r}")
+        if isinstance(node.get(leaf), dict) and leaf != "extra":
+            raise ConfigOverrideError(f"{key}={raw}: config key {key!r} is a group: set one of its fields "
+                                      f"({_known(node[leaf], parts)})")
+        if leaf not in node or isinstance(node[leaf], dict):
+            raise ConfigOverrideError(f"{key}={raw}: unknown config key {key!r}; known: {_known(node, parts[:-1])}")
         node[leaf] = _parse_like(node[leaf], raw, key)
     return TrainConfig.from_dict(d)
 
 
+def _known(node: dict[str, Any], prefix: list[str]) -> str:
+    """The settable keys under ``node``, dotted (nested specs shown as ``name.*``)."""
+    lead = "".join(f"{p}." for p in prefix)
+    return ", ".join(f"{lead}{k}.*" if isinstance(v, dict) else f"{lead}{k}" for k, v in node.items() if k != "extra")
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _parse_like(old: Any, raw: str, key: str) -> Any:
+    """``raw`` read as the type of the field's current value ``old``."""
     if raw.lower() == "none":
         return None
     if isinstance(old, bool):
-        return raw.lower() in ("1", "true", "yes")
+        # Anything but a recognised spelling used to read as False: refuse it instead.
+        if raw.lower() in _TRUE + _FALSE:
+            return raw.lower() in _TRUE
+        raise ConfigOverrideError(f"{key}={raw}: expected true or false, got {raw!r}")
     if isinstance(old, int) or (old is None and raw.lstrip("-").isdigit()):
-        return int(raw)
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigOverrideError(f"{key}={raw}: expected an integer (now {old!r}), got {raw!r}") from None
     if isinstance(old, float):
-        return float(raw)
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigOverrideError(f"{key}={raw}: expected a number (now {old!r}), got {raw!r}") from None
     if isinstance(old, str):
         return raw
-    raise ValueError(f"config key {key!r} cannot be overridden from the command line")
+    raise ConfigOverrideError(f"{key}={raw}: config key {key!r} cannot be overridden from the command line")

@@ -22,6 +22,39 @@ def verify_files(pair_dir: Path, manifest: dict[str, Any]) -> list[str]:
     return bad
 
 
+class PairFolderError(ValueError):
+    """A folder given as a pair that is not one (missing, a file, no manifest, a part missing)."""
+
+
+PAIR_PARTS = ("manifest.json", "target/config.json", "drafter/config.json", "prompts.jsonl")
+
+
+def read_pair_manifest(pair_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a pair folder written by ``companion retrain``, after checking it is one.
+
+    Raises :class:`PairFolderError` with one line naming the folder and what is missing, before
+    any model is loaded.
+    """
+    pair_dir = Path(pair_dir)
+    what = "a pair folder holds " + ", ".join(PAIR_PARTS) + " (written by companion retrain)"
+    if not pair_dir.exists():
+        raise PairFolderError(f"{pair_dir}: no such folder; {what}")
+    if not pair_dir.is_dir():
+        raise PairFolderError(f"{pair_dir} is a file; {what}")
+    if (pair_dir / "config.json").is_file() and not (pair_dir / "manifest.json").exists():
+        raise PairFolderError(f"{pair_dir} is a single model folder, not a pair; {what}")
+    missing = [part for part in PAIR_PARTS if not (pair_dir / part).is_file()]
+    if missing:
+        raise PairFolderError(f"{pair_dir}: not a pair folder (no {', '.join(missing)}); {what}")
+    try:
+        manifest = json.loads((pair_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PairFolderError(f"{pair_dir / 'manifest.json'} is damaged (not valid JSON: {err})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise PairFolderError(f"{pair_dir / 'manifest.json'} is not a pair manifest (no 'config' mapping)")
+    return manifest
+
+
 def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = True,
                 progress: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """(manifest, fresh): the stored manifest and what was re-checked/re-measured now.
@@ -40,7 +73,7 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
     from companion.tiny_pair.train import answer_weights, token_stream, torch_threads, windows
 
     pair_dir = Path(pair_dir)
-    manifest = json.loads((pair_dir / "manifest.json").read_text())
+    manifest = read_pair_manifest(pair_dir)
     cfg = TrainConfig.from_dict(manifest["config"])
     bad = verify_files(pair_dir, manifest)
     fresh: dict[str, Any] = {"files_ok": not bad, "files_bad": bad}
