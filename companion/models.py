@@ -7,6 +7,7 @@ plain name -> (target, drafter) table that other modules may extend via :func:`r
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,9 +105,30 @@ def local_folder_problem(name: PathLike, kind: str) -> str | None:
     return None
 
 
+def is_bare_name(name: PathLike) -> bool:
+    """A name with no ``/`` that is no local path: a preset, a cached legacy id (``gpt2``) or a typo.
+
+    Only ``org/name`` is worth a trip to the hub: a bare name is looked up in the local cache
+    alone, so that a mistyped preset fails at once instead of after the hub's retries.
+    """
+    text = os.fspath(name)
+    return "/" not in text and not looks_like_local_path(text)
+
+
+def _bare_name_error(kind: str, name: str) -> WeightsUnavailableError:
+    close = difflib.get_close_matches(name, list(_PRESETS), n=1)
+    hint = f" Did you mean the preset {close[0]!r}?" if close else ""
+    return WeightsUnavailableError(
+        f"Could not load the {kind} {name!r}: it is not a preset ({', '.join(preset_names())}), not a local folder, "
+        f"and not in the local Hugging Face cache; a name without '/' is not looked up on the hub (hub ids look "
+        f"like org/name, e.g. Qwen/Qwen3-1.7B).{hint}")
+
+
 def _unavailable(kind: str, name: str, err: Exception) -> WeightsUnavailableError:
     """One line: what could not be loaded and what to do (a local path is never sent to the hub)."""
     first = str(err).splitlines()[0] if str(err) else ""
+    if is_bare_name(name):
+        return _bare_name_error(kind, name)
     if looks_like_local_path(name):
         problem = local_folder_problem(name, kind) or f"{type(err).__name__}: {first}"
         return WeightsUnavailableError(
@@ -136,6 +158,8 @@ def load_tokenizer(name_or_path: PathLike, **kwargs: Any) -> PreTrainedTokenizer
     """``AutoTokenizer.from_pretrained`` with a helpful error when it is not available offline."""
     name = os.fspath(name_or_path)
     _check_local("tokenizer", name)
+    if is_bare_name(name):
+        kwargs.setdefault("local_files_only", True)  # see is_bare_name
     try:
         return AutoTokenizer.from_pretrained(name, **kwargs)
     except (OSError, HFValidationError) as err:  # HFValidationError: neither a folder nor a well-formed hub id
@@ -151,6 +175,8 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     _check_local("model", name)
+    if is_bare_name(name):
+        kwargs.setdefault("local_files_only", True)  # see is_bare_name
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dt, **kwargs)
     except (OSError, HFValidationError) as err:
