@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from companion.kl_certificates import accepted_count, xlogx_minus_x_plus_1
-from companion.criteria import Criterion, parse_criterion
+from companion.criteria import Criterion, check_ties, parse_criterion
 from companion.summary import summarize
 from companion.validation import check_divergence, check_tree_width
 
@@ -56,36 +56,44 @@ def pair_cost(a: Tensor, b: Tensor, divergence: str = "forward") -> Tensor:
     return -torch.log1p(-((a.sqrt() - b.sqrt()) ** 2))
 
 
-def _top_and_boundary(p: Tensor, criterion: Criterion, from_logits: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(p(1), p_{y*}, rejected_nonempty)`` per row, float64, shape ``p.shape[:-1]``."""
+def _top_and_boundary(p: Tensor, criterion: Criterion, from_logits: bool,
+                      ties: str = "worst") -> tuple[Tensor, Tensor, Tensor]:
+    """``(p(1), p_{y*}, rejected_nonempty)`` per row, float64, shape ``p.shape[:-1]``; ``y*`` the most
+    likely token of the rejection region of the tie convention ``ties`` (as the certificates)."""
+    check_ties(ties)
     criterion.check_vocab(p.shape[-1])
     # The full sort keeps this exact for any boundary depth; bounds are not on a hot path.
     s = summarize(p, from_logits=from_logits, k=p.shape[-1], with_entropy=criterion.needs_entropy)
-    tau = criterion.threshold_from_summary(s)
-    r = accepted_count(s.values, tau, criterion)
-    nonempty = r < s.vocab
+    tau = criterion.threshold_from_summary(s, ties)
+    r = accepted_count(s.values, tau, criterion, ties)
+    nonempty = (r < s.vocab) & ~(tau < 0) & ~((tau <= 0) & (not criterion.is_strict(ties)))
     p_star = s.values.gather(1, r.clamp(max=s.vocab - 1).unsqueeze(1)).squeeze(1)
     shape = s.lead_shape
     return s.values[:, 0].reshape(shape), p_star.reshape(shape), nonempty.reshape(shape)
 
 
-def two_point_bound(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
-    """Lower bound ``pair_cost(p(1), p_{y*})`` on ``rho*`` valid for every criterion (``+inf`` if nothing is rejected)."""
+def two_point_bound(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False,
+                    ties: str = "worst") -> Tensor:
+    """Lower bound ``pair_cost(p(1), p_{y*})`` on ``rho*`` valid for every criterion (``+inf`` if nothing is rejected);
+    ``y*`` and ``rho*`` of the tie convention ``ties`` (default ``"worst"``, as the certificates)."""
     c = parse_criterion(criterion)
-    top, star, nonempty = _top_and_boundary(p, c, from_logits)
+    top, star, nonempty = _top_and_boundary(p, c, from_logits, ties)
     bound = pair_cost(top, star, divergence)
     return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
 
 
-def margin_quadratic_bound(p: Tensor, criterion: Criterion | str, *, from_logits: bool = False) -> Tensor:
-    """``Delta^2 / (2 s)`` with ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}`` (forward; any criterion)."""
+def margin_quadratic_bound(p: Tensor, criterion: Criterion | str, *, from_logits: bool = False,
+                           ties: str = "worst") -> Tensor:
+    """``Delta^2 / (2 s)`` with ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}`` (forward; any criterion;
+    ``y*`` of the tie convention ``ties``, default ``"worst"``)."""
     c = parse_criterion(criterion)
-    top, star, nonempty = _top_and_boundary(p, c, from_logits)
+    top, star, nonempty = _top_and_boundary(p, c, from_logits, ties)
     bound = (top - star) ** 2 / (2 * (top + star))
     return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
 
 
-def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False, upper: str = "sharp") -> tuple[Tensor, Tensor]:
+def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False, upper: str = "sharp",
+                         ties: str = "worst") -> tuple[Tensor, Tensor]:
     """Strict greedy, forward: ``(Delta^2/(2s), c Delta^2/s)`` with ``Delta = p(1)-p(2)``, ``s = p(1)+p(2)``.
 
     ``upper="sharp"`` gives ``c = log 2``, the best constant (approached as ``p(2) -> 0``);
@@ -96,7 +104,7 @@ def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False, upper: str = "
     """
     if upper not in ("sharp", "chi-square"):
         raise ValueError(f"upper must be 'sharp' or 'chi-square', got {upper!r}")
-    lower = margin_quadratic_bound(p, "greedy", from_logits=from_logits)
+    lower = margin_quadratic_bound(p, "greedy", from_logits=from_logits, ties=ties)
     s = summarize(p, from_logits=from_logits, k=2)
     tie = (s.values[:, 0] == s.values[:, 1]).reshape(s.lead_shape)
     factor = 2 * math.log(2) if upper == "sharp" else 2.0

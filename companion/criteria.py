@@ -15,10 +15,43 @@ spec                  class                           ``tau(p)``
 ``typical:E,D``       :class:`Typical`                ``min(E, D * exp(-H(p)))`` (strict)
 ====================  ==============================  ==========================================
 
-``p(i)`` is the i-th largest probability; ``H`` is the entropy in nats. Ties follow from the
-rule itself (the level-set convention, used by every part of the library): strict greedy
-accepts every maximiser of ``p``, top-m every token tied with ``p(m)``, and a greedy tree
-succeeds when the drafter's top ``m`` holds any maximiser. The spec string is the
+``p(i)`` is the i-th largest probability (ties counted with multiplicity; ``p(i) = -inf`` for
+``i > V``); ``H`` is the entropy in nats.
+
+Ties. Real decoders break exact ties by token id: transformers' assisted generation, vLLM and
+TensorRT-LLM take the target's token with ``argmax`` (first index wins) and accept a greedy draft
+only if it equals that token; top-m takes an id-based ``topk``. The rule as written (the
+*level-set* convention, ``ties="level-set"``) accepts every maximiser of ``p`` instead, and so
+promises too much at an exact tie::
+
+    p = [0.4, 0.4, 0.2], q = [0.39, 0.41, 0.2]: KL(p || q) = 0.0003 < rho*_level-set = 0.0437,
+    yet argmax p = 0 and argmax q = 1: every real decoder rejects the draft.
+
+The default of every certificate is therefore the *worst case over tie-breaks*
+(``ties="worst"``): a token counts as accepted only if every fixed tie-break accepts it, i.e.
+``p_y > tau_worst(p)`` (strict), with
+
+====================  ==============================================================
+spec                  ``tau_worst(p)``
+====================  ==============================================================
+``greedy``            ``p(2)``: only a unique maximiser is accepted
+``additive:D``        ``min(p(1) - D, p(2))``
+``multiplicative:A``  ``min(A p(1), p(2))``
+``topm:M``            ``p(M+1)``: a token tied at the M-th place may fall outside
+``topk-delta:K,D``    ``max(p(K+1), min(p(1) - D, p(2)))``: both parts worst case
+``typical:E,D``       ``tau(p)`` (already strict)
+====================  ==============================================================
+
+A token exactly at a threshold counts as rejected; the ``min(., p(2))`` keeps a unique
+maximiser accepted when ``D = 0`` or ``A = 1`` (there the rule is strict greedy). Off ties
+(no token exactly at ``tau``, ``p(m) > p(m+1)`` at the rank conditions) the two conventions
+accept the same tokens, so every certificate is unchanged; at a tie the worst-case certificate
+is the limit of the untied one from the unfavourable side (strict greedy: 0 on a tied top).
+Both rejection regions are lower level sets, so the certificate machinery is the same.
+:meth:`Criterion.decoder_accepts` is the decoders' own verdict (first index wins), which a
+step certified under ``ties="worst"`` always passes.
+
+The spec string is the
 one form used everywhere (CLI, papermill parameters, file names, trace columns):
 ``parse_criterion(str(c)) == c`` for every criterion ``c``, and ``str(parse_criterion(s)) == s``
 for every canonical spec ``s`` (numbers written as Python's shortest round-trip ``repr``).
@@ -42,61 +75,146 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
+TIES: tuple[str, ...] = ("worst", "level-set")
+"""The tie conventions: ``"worst"`` (the default of every certificate) and ``"level-set"``."""
+
+
+def check_ties(ties: str) -> str:
+    """``ties`` itself if it is one of :data:`TIES`, else ``ValueError``."""
+    if not isinstance(ties, str) or ties not in TIES:
+        raise ValueError(
+            f"ties must be 'worst' (sound for every decoder that breaks ties in a fixed way; the default) or "
+            f"'level-set' (every token tied at the threshold accepted; for analysis), got {ties!r}"
+        )
+    return ties
+
+
+def order_statistic(s: TopSummary, i: int) -> Tensor:
+    """``p(i)``, the ``i``-th largest probability (1-based, ties counted with multiplicity) of every
+    row of ``s``; ``-inf`` when ``i > V`` (no such token: nothing lies at or below it)."""
+    if i > s.vocab:
+        return torch.full_like(s.values[:, 0], -torch.inf)
+    if i > s.k:
+        raise ValueError(f"p({i}) is not in a summary of the top {s.k}")
+    return s.values[:, i - 1]
+
+
+def index_rank(x: Tensor, token: Tensor) -> Tensor:
+    """Rank of ``token`` in each row of ``x`` (logits or probabilities ``[..., V]``, ids ``[...]``)
+    when exact ties go to the lowest id (first index wins, as ``torch.argmax``):
+    ``1 + #{z : x_z > x_y} + #{z < y : x_z == x_y}``, int64 ``[...]``. ``y`` is ``x``'s first
+    maximiser iff its rank is 1, and is in the first-index ``topk(x, m)`` iff its rank is ``<= m``."""
+    x_y = x.gather(-1, token.unsqueeze(-1))
+    ids = torch.arange(x.shape[-1], device=x.device)
+    before = ids < token.unsqueeze(-1)
+    return 1 + ((x > x_y) | ((x == x_y) & before)).sum(-1)
+
+
 @dataclass(frozen=True)
 class Criterion(ABC):
-    """An acceptance rule ``accept y iff p_y >= tau(p)`` (``>`` when ``strict``)."""
+    """An acceptance rule ``accept y iff p_y >= tau(p)`` (``>`` when ``strict``).
+
+    Two tie conventions (module docstring): ``ties="level-set"`` is the rule as written, the
+    default of the tensor-level methods below (what the rule does with exact numbers);
+    ``ties="worst"`` is the worst case over tie-breaks, ``accept y iff p_y > tau_worst(p)``,
+    the default of every certificate. :meth:`decoder_accepts` is what real decoders do
+    (first index wins).
+    """
 
     strict: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
 
     @abstractmethod
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
-        """``tau`` for every row of a summary, float64 ``[N]``."""
+    def _threshold(self, s: TopSummary) -> Tensor:
+        """The rule's ``tau`` for every row of a summary, float64 ``[N]``."""
 
-    def top_needed(self) -> int:
-        """How many of the largest probabilities ``threshold_from_summary`` reads."""
+    @abstractmethod
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        """``tau_worst``: the worst case over tie-breaks accepts ``y`` iff ``p_y > tau_worst``."""
+
+    def threshold_from_summary(self, s: TopSummary, ties: str = "level-set") -> Tensor:
+        """``tau`` for every row of a summary, float64 ``[N]``: the rule's own (``"level-set"``,
+        compared with ``>=``, or ``>`` when ``strict``) or ``tau_worst`` (``"worst"``, compared
+        with ``>``)."""
+        return self._worst_threshold(s) if check_ties(ties) == "worst" else self._threshold(s)
+
+    def is_strict(self, ties: str = "level-set") -> bool:
+        """Whether acceptance is ``p_y > tau`` (else ``p_y >= tau``) under the convention ``ties``."""
+        return self.strict or check_ties(ties) == "worst"
+
+    def top_needed(self, ties: str = "level-set") -> int:
+        """How many of the largest probabilities ``threshold_from_summary`` reads (may exceed ``V``)."""
+        check_ties(ties)
         return 1
+
+    def index_rank_limit(self) -> int | None:
+        """``m`` when the rule holds a rank condition ``y in topk(p, m)`` (greedy 1, top-m ``m``,
+        top-k-delta ``k``), decided by real decoders with ``argmax``/``topk`` on token ids; else None."""
+        return None
 
     def check_vocab(self, vocab: int) -> None:
         """Raise ``ValueError`` when the criterion makes no sense for a vocabulary of size ``vocab``."""
 
     # -- public, tensor-level API ------------------------------------------------------------
-    def _summary(self, p: Tensor, from_logits: bool) -> TopSummary:
+    def _summary(self, p: Tensor, from_logits: bool, ties: str = "level-set") -> TopSummary:
         self.check_vocab(p.shape[-1])
         return summarize(
-            p, from_logits=from_logits, k=self.top_needed(), with_entropy=self.needs_entropy
+            p, from_logits=from_logits, k=self.top_needed(ties), with_entropy=self.needs_entropy
         )
 
-    def threshold(self, p: Tensor, *, from_logits: bool = False) -> Tensor:
+    def threshold(self, p: Tensor, *, from_logits: bool = False, ties: str = "level-set") -> Tensor:
         """``tau(p)`` as float64 with shape ``p.shape[:-1]`` (on the normalised distribution)."""
-        s = self._summary(p, from_logits)
-        return self.threshold_from_summary(s).reshape(s.lead_shape)
+        s = self._summary(p, from_logits, ties)
+        return self.threshold_from_summary(s, ties).reshape(s.lead_shape)
 
-    def accept_from(self, prob: Tensor, tau: Tensor) -> Tensor:
-        """The comparison itself: ``prob >= tau`` (or ``>`` for strict criteria)."""
-        return prob > tau if self.strict else prob >= tau
+    def accept_from(self, prob: Tensor, tau: Tensor, ties: str = "level-set") -> Tensor:
+        """The comparison itself: ``prob >= tau`` (``>`` for strict criteria, and always under
+        ``ties="worst"``); ``tau`` from :meth:`threshold_from_summary` with the same ``ties``."""
+        return prob > tau if self.is_strict(ties) else prob >= tau
 
-    def accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False) -> Tensor:
+    def accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False,
+                ties: str = "level-set") -> Tensor:
         """Whether ``token`` (an id, or ids of shape ``p.shape[:-1]``) is accepted; bool tensor."""
-        tau = self.threshold(p, from_logits=from_logits)
+        tau = self.threshold(p, from_logits=from_logits, ties=ties)
         tok = check_token(token, p.shape[:-1], p.shape[-1], p.device)
         probs = normalized_probabilities(p, from_logits=from_logits)
         prob = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        return self.accept_from(prob, tau)
+        return self.accept_from(prob, tau, ties)
 
-    def rejection_mask(self, p: Tensor, *, from_logits: bool = False) -> Tensor:
-        """Boolean ``[..., V]`` mask of the rejection region ``R(p)``."""
-        tau = self.threshold(p, from_logits=from_logits)
+    def decoder_accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False) -> Tensor:
+        """What transformers, vLLM and TensorRT-LLM decide: the rule's threshold test (level set)
+        and, for a rank condition (:meth:`index_rank_limit`), ``index_rank(p, token) <= m`` on
+        the tensor as given (exact ties go to the lowest id: ``greedy`` accepts ``token`` iff
+        it is ``torch.argmax(p)``). A step certified under ``ties="worst"`` passes it."""
+        tok = check_token(token, p.shape[:-1], p.shape[-1], p.device)
+        ok = self.accepts(p, tok, from_logits=from_logits)
+        limit = self.index_rank_limit()
+        if limit is not None:
+            ok = ok & (index_rank(p, tok) <= limit)
+        return ok
+
+    def rejection_mask(self, p: Tensor, *, from_logits: bool = False, ties: str = "level-set") -> Tensor:
+        """Boolean ``[..., V]`` mask of the rejection region ``R(p)`` (``R_worst(p)`` with ``ties="worst"``)."""
+        tau = self.threshold(p, from_logits=from_logits, ties=ties)
         probs = normalized_probabilities(p, from_logits=from_logits)
-        return ~self.accept_from(probs, tau.unsqueeze(-1))
+        return ~self.accept_from(probs, tau.unsqueeze(-1), ties)
 
 
 @dataclass(frozen=True)
 class StrictGreedy(Criterion):
     """Accept only a target argmax: ``tau = p(1)``."""
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         return s.values[:, 0]
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return order_statistic(s, 2)
+
+    def top_needed(self, ties: str = "level-set") -> int:
+        return 2 if check_ties(ties) == "worst" else 1
+
+    def index_rank_limit(self) -> int | None:
+        return 1
 
     def __str__(self) -> str:
         return "greedy"
@@ -111,8 +229,14 @@ class AdditiveRelaxed(Criterion):
     def __post_init__(self) -> None:
         object.__setattr__(self, "delta", finite_positive("additive delta", self.delta, allow_zero=True))
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         return s.values[:, 0] - self.delta
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return torch.minimum(s.values[:, 0] - self.delta, order_statistic(s, 2))
+
+    def top_needed(self, ties: str = "level-set") -> int:
+        return 2 if check_ties(ties) == "worst" else 1
 
     def __str__(self) -> str:
         return f"additive:{_num(self.delta)}"
@@ -130,8 +254,14 @@ class MultiplicativeRelaxed(Criterion):
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", finite_positive("multiplicative alpha", self.alpha, upper=1.0))
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         return self.alpha * s.values[:, 0]
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return torch.minimum(self.alpha * s.values[:, 0], order_statistic(s, 2))
+
+    def top_needed(self, ties: str = "level-set") -> int:
+        return 2 if check_ties(ties) == "worst" else 1
 
     def __str__(self) -> str:
         return f"multiplicative:{_num(self.alpha)}"
@@ -150,15 +280,21 @@ class TopM(Criterion):
         if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 1:
             raise ValueError(f"topm m must be an integer >= 1, got {self.m!r}")
 
-    def top_needed(self) -> int:
+    def top_needed(self, ties: str = "level-set") -> int:
+        return self.m + 1 if check_ties(ties) == "worst" else self.m
+
+    def index_rank_limit(self) -> int | None:
         return self.m
 
     def check_vocab(self, vocab: int) -> None:
         if self.m >= vocab:
             raise ValueError(f"topm:{self.m} needs m < V, but the vocabulary has V={vocab} tokens")
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         return s.values[:, self.m - 1]
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return order_statistic(s, self.m + 1)
 
     def __str__(self) -> str:
         return f"topm:{self.m}"
@@ -179,15 +315,22 @@ class TopKDelta(Criterion):
             raise ValueError(f"topk-delta k must be an integer >= 1, got {self.k!r}")
         object.__setattr__(self, "delta", finite_positive("topk-delta delta", self.delta, allow_zero=True))
 
-    def top_needed(self) -> int:
+    def top_needed(self, ties: str = "level-set") -> int:
+        return max(self.k + 1, 2) if check_ties(ties) == "worst" else self.k
+
+    def index_rank_limit(self) -> int | None:
         return self.k
 
     def check_vocab(self, vocab: int) -> None:
         if self.k > vocab:
             raise ValueError(f"topk-delta:{self.k},... needs k <= V, but the vocabulary has V={vocab} tokens")
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         return torch.maximum(s.values[:, self.k - 1], s.values[:, 0] - self.delta)
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        near_top = torch.minimum(s.values[:, 0] - self.delta, order_statistic(s, 2))
+        return torch.maximum(order_statistic(s, self.k + 1), near_top)
 
     def __str__(self) -> str:
         return f"topk-delta:{self.k},{_num(self.delta)}"
@@ -212,10 +355,13 @@ class Typical(Criterion):
         object.__setattr__(self, "eps", finite_positive("typical eps", self.eps, upper=1.0))
         object.__setattr__(self, "delta", finite_positive("typical delta", self.delta))
 
-    def threshold_from_summary(self, s: TopSummary) -> Tensor:
+    def _threshold(self, s: TopSummary) -> Tensor:
         if s.entropy is None:
             raise ValueError("typical acceptance needs the entropy: summarise with with_entropy=True")
         return torch.clamp(self.delta * torch.exp(-s.entropy), max=self.eps)
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return self._threshold(s)  # already strict: a token at the threshold is rejected
 
     def __str__(self) -> str:
         return f"typical:{_num(self.eps)},{_num(self.delta)}"

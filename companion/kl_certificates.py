@@ -8,18 +8,33 @@ with ``D(p, q) = KL(p || q)`` (``divergence="forward"``) or ``KL(q || p)`` (``"r
 A drafter whose ``q`` satisfies ``D(p, q) < rho*(p)`` has every maximiser of ``q`` accepted,
 and no larger number has that property.
 
-Ties, one convention everywhere (the level-set convention): a criterion accepts ``y`` iff
-``p_y >= tau(p)`` (``>`` for typical acceptance), so strict greedy accepts *every* maximiser of
-``p``; the drafter's ties are broken against us (worst case). A greedy tree of width ``m``
-succeeds iff the drafter's top ``m`` contains a maximiser of ``p``. Hence the width-1 tree and
-strict greedy have the same certificate on every row, exact ties included.
+Ties: the worst case over tie-breaks, by default (``ties="worst"``). Real decoders break exact
+ties by token id (transformers, vLLM and TensorRT-LLM take the target's token with ``argmax``,
+first index wins; a width-``m`` tree succeeds iff that token is in the drafter's ``topk(m)``).
+A certificate must hold for every such decoder, so a token counts as accepted only if every
+fixed tie-break accepts it: ``p_y > tau_worst(p)`` (:mod:`companion.criteria`; strict greedy:
+``y`` the unique maximiser; top-m: ``p_y > p(m+1)``; a token exactly at a threshold is
+rejected). The drafter's ties are broken against us (every maximiser of ``q`` must be
+accepted). At an exact tie the certificate is the limit of the untied one from the unfavourable
+side; off ties (no token exactly at a threshold or tied across a rank boundary) nothing changes.
+The rule as written, which accepts every maximiser of ``p`` (``ties="level-set"``), overstates
+what decoders do and stays available for analysis only::
+
+    p = [0.4, 0.4, 0.2], q = [0.39, 0.41, 0.2]: KL(p || q) = 0.0003
+    ties="level-set": rho* = 0.0437, "certified", yet argmax p = 0 != 1 = argmax q: rejected;
+    ties="worst":     rho* = 0 (the top of p is tied), not certified.
+
+A greedy tree of width ``m`` (worst case) fails once ``m`` tokens other than the decoder's token
+``g`` (any maximiser of ``p``) have ``q_z >= q_g``; under ``"level-set"``, once ``m``
+non-maximisers beat every maximiser. Under either convention the width-1 tree and strict
+greedy have the same certificate on every row, exact ties included.
 
 Acceptance and ties are decided on the float64 probabilities the engine normalises (the same
 numbers :mod:`companion.harvest` compares): inputs closer than float64 resolves after
 normalisation (logits within ~1e-16 of each other) count as tied.
 
-``+inf`` means exactly one of: nothing is rejected (``R(p)`` empty; for trees, fewer than ``m``
-tokens are not maximisers of ``p``), or, in the reverse direction, the most likely rejected
+``+inf`` means exactly one of: nothing is rejected (``R(p)`` empty; for level-set trees, fewer
+than ``m`` tokens are not maximisers of ``p``), or, in the reverse direction, the most likely rejected
 token has probability exactly 0 (no ``q`` with ``KL(q || p) < inf`` can put mass there, so
 ``+inf`` is then the exact value, not an overflow).
 
@@ -44,10 +59,12 @@ How it is computed (no loop over the vocabulary or the batch):
    rejected token ``y*``, which sits at sorted position ``r`` (0-based), ``r`` the number of
    accepted tokens. Only the top ``r + 1`` probabilities matter: these come from a ``topk``
    summary, and the rare rows with ``r >= K`` are redone from a wider one.
-3. Greedy trees of width ``m``, with ``t`` maximisers ``p(1) = ... = p(t)``: failure needs ``m``
-   non-maximisers ``z`` with ``q_z >= q_g`` for every maximiser ``g``; the cheapest such ``q``
-   uses ``p(t+1..t+m)`` and pools all ``t`` maximisers with the lowest ``j`` of those
-   competitors (the same scan, from below, minimising the level; ``j >= 1``).
+3. Greedy trees of width ``m``: failure needs ``m`` competitors ``z`` with ``q_z >= q_g`` for
+   the ``t`` maximisers ``g`` that must lose (worst case: ``t = 1``, the decoder's one token,
+   other maximisers being competitors; level-set: all ``t`` maximisers ``p(1) = ... = p(t)``
+   against non-maximisers). The cheapest such ``q`` uses the competitors ``p(t+1..t+m)`` and
+   pools the ``t`` tokens with the lowest ``j`` of them (the same scan, from below, minimising
+   the level; ``j >= 1``).
 
 Precision. Sums of ``p log(p/L)`` cancel badly near ties (``rho* ~ Delta^2``), so the pooled
 costs are evaluated as ``L * sum g(p_i / L)`` with ``g(x) = x log x - x + 1 >= 0`` and, for the
@@ -73,7 +90,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from companion.criteria import Criterion, parse_criteria, parse_criterion
+from companion.criteria import Criterion, check_ties, parse_criteria, parse_criterion
 from companion.summary import (
     DEFAULT_TOP,
     TopSummary,
@@ -272,10 +289,13 @@ def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str
     return cost, j_star, incomplete
 
 
-def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
+               ties: str = "worst") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The pooled set of the width-``m`` tree certificate over sorted values ``[N, K]``.
 
-    ``t`` = the number of maximisers (values equal to ``p(1)``); competitors ``p(t+1..t+m)``
+    ``t`` = the number of maximisers that must all lose: with ``ties="worst"`` the decoder's
+    token may be any one maximiser, the others compete with it, so ``t = 1``; with
+    ``"level-set"`` every maximiser counts, ``t = #{i : p_i = p(1)}``. Competitors ``p(t+1..t+m)``
     (positions ``t..t+m-1``), scanned from the lowest: pool all ``t`` maximisers with the
     ``j* = argmin_{1 <= j <= m} L_j`` lowest competitors (first minimum), extended over ties.
 
@@ -283,7 +303,10 @@ def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str) -> tuple[T
     all lie within the ``K`` values given (``t + m > K``).
     """
     n, k = values.shape
-    t = (values == values[:, :1]).sum(1)
+    if check_ties(ties) == "worst":
+        t = torch.ones(n, dtype=torch.long, device=values.device)
+    else:
+        t = (values == values[:, :1]).sum(1)
     known = t + m <= k
     # competitor positions, lowest first: t+m-1, t+m-2, ..., t
     pos = (t.unsqueeze(1) + (m - 1) - torch.arange(m, device=values.device).unsqueeze(0)).clamp(max=k - 1)
@@ -300,10 +323,12 @@ def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str) -> tuple[T
 
 
 def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = None,
-              logs: Tensor | None = None, vocab: int | None = None) -> tuple[Tensor, Tensor]:
+              logs: Tensor | None = None, vocab: int | None = None, ties: str = "worst") -> tuple[Tensor, Tensor]:
     """Exact greedy-tree certificate from sorted probabilities ``[N, K]`` (decreasing rows).
 
-    With ``t`` tied maximisers, pools all of them with the ``j*`` lowest of the competitors
+    ``ties="worst"`` (default): pools ``p(1)`` with the ``j*`` lowest of the competitors
+    ``p(2..m+1)`` (tied maximisers among them). ``ties="level-set"``: with ``t`` tied maximisers,
+    pools all of them with the ``j*`` lowest of the competitors
     ``p(t+1..t+m)``, at the level minimising the (arithmetic or geometric) mean. ``tail``: the
     mass beyond the ``K`` values (default ``max(0, 1 - sum(values))``, which loses the digits
     of a reverse certificate above ~30 nats: pass the summary's tail); ``logs``: their logs
@@ -318,7 +343,7 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
     if tail is None:
         tail = torch.zeros_like(values[:, 0]) if vocab is not None and vocab <= values.shape[1] \
             else (1 - values.sum(1)).clamp(min=0)
-    pool_k, j_star, t, known = _tree_pool(values, logs, m, divergence)
+    pool_k, j_star, t, known = _tree_pool(values, logs, m, divergence, ties)
     zeros = torch.zeros_like(tail)
     cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
     cost = torch.where(known, cost, torch.full_like(cost, torch.nan))
@@ -327,13 +352,14 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
     return cost, j_star
 
 
-def accepted_count(values: Tensor, tau: Tensor, criterion: Criterion) -> Tensor:
+def accepted_count(values: Tensor, tau: Tensor, criterion: Criterion, ties: str = "level-set") -> Tensor:
     """``r = |{i : c accepts token i}|`` per row, for rows of probabilities sorted descending.
 
-    A criterion's accepted set is a prefix of the sorted row (lower level sets), so ``r`` tokens
-    are accepted: ``values[:, :r]``. ``tau`` is the row's threshold (one per row).
+    A criterion's accepted set is a prefix of the sorted row (lower level sets, under either tie
+    convention), so ``r`` tokens are accepted: ``values[:, :r]``. ``tau`` is the row's threshold
+    (one per row), from ``criterion.threshold_from_summary(s, ties)`` with the same ``ties``.
     """
-    accepted = criterion.accept_from(values, tau.unsqueeze(1))
+    accepted = criterion.accept_from(values, tau.unsqueeze(1), ties)
     return accepted.sum(1)
 
 
@@ -354,7 +380,7 @@ def _bound_for(x_dtype: torch.dtype, bound: Tensor, strict: bool) -> Tensor:
     return torch.where(c64 < bound, torch.nextafter(c, torch.full_like(c, torch.inf)), c)
 
 
-def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criterion, from_logits: bool) -> Tensor:
+def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, strict: bool, from_logits: bool) -> Tensor:
     """``max { p_z : z rejected }`` per row and its log, ``[n, 2]`` float64 (normalised);
     ``(-1, -inf)`` where nothing is rejected.
 
@@ -363,21 +389,22 @@ def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, criterion: Criter
     """
     if from_logits:
         # p_z < tau  <=>  logit_z < log(tau) + logsumexp.
-        bound = _bound_for(flat.dtype, (torch.log(tau.clamp(min=0)) + sums).unsqueeze(1), criterion.strict)
-        rejected = flat <= bound if criterion.strict else flat < bound
+        bound = _bound_for(flat.dtype, (torch.log(tau.clamp(min=0)) + sums).unsqueeze(1), strict)
+        rejected = flat <= bound if strict else flat < bound
         best = torch.where(rejected, flat, -torch.inf).amax(1).to(torch.float64)
         log_best = best - sums
         value = torch.where(torch.isneginf(best), torch.full_like(best, -1.0), torch.exp(log_best))
         return torch.stack([value, log_best], dim=1)
     # p_z / S < tau  <=>  p_z < tau S (probabilities are >= 0, so -1 marks "none")
-    bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), criterion.strict)
-    rejected = flat <= bound if criterion.strict else flat < bound
+    bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), strict)
+    rejected = flat <= bound if strict else flat < bound
     best = torch.where(rejected, flat, -1.0).amax(1).to(torch.float64)
     value = torch.where(best < 0, best, best / sums)
     return torch.stack([value, torch.where(best < 0, torch.full_like(best, -torch.inf), torch.log(value))], dim=1)
 
 
-def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool) -> Tensor:
+def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool,
+                          ties: str = "worst") -> Tensor:
     """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters.
 
     The certificate depends on ``tau = min(eps, delta e^{-H})`` only through which of the top
@@ -402,10 +429,10 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
     for c in crits:
         if c.needs_entropy:
             # Guard the bounds by a relative 1e-9 against rounding in H_top.
-            tau_hi = c.threshold_from_summary(replace(s, entropy=lower * (1 - 1e-9)))
-            tau_lo = c.threshold_from_summary(replace(s, entropy=upper * (1 + 1e-9) + 1e-12))
-            r_hi = accepted_count(v, tau_hi, c)
-            r_lo = accepted_count(v, tau_lo, c)
+            tau_hi = c.threshold_from_summary(replace(s, entropy=lower * (1 - 1e-9)), ties)
+            tau_lo = c.threshold_from_summary(replace(s, entropy=upper * (1 + 1e-9) + 1e-12), ties)
+            r_hi = accepted_count(v, tau_hi, c, ties)
+            r_lo = accepted_count(v, tau_lo, c, ties)
             need |= (r_hi != r_lo) | (r_lo >= s.k)
     if not bool(need.any()):
         return upper
@@ -414,8 +441,14 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
     return upper.index_copy(0, idx, exact)
 
 
+def _nothing_rejected(r: Tensor, vocab: int, tau: Tensor, strict: bool) -> Tensor:
+    """Rows whose rejection region is empty: all ``V`` tokens accepted, or a threshold no
+    probability can fall below (``tau < 0``; ``tau = 0`` when the comparison is ``>=``)."""
+    return (r >= vocab) | (tau < 0) | ((tau <= 0) & (not strict))
+
+
 def _boundary(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: Criterion,
-              from_logits: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+              from_logits: bool, ties: str = "worst") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The most likely rejected token ``y*`` of each row of the summary ``s``.
 
     ``rows``: the rows of ``flat`` that ``s`` summarises (None: all). Returns
@@ -425,19 +458,19 @@ def _boundary(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: 
     is rejected, and the number of accepted tokens within the summary.
     """
     k = s.k
-    r = accepted_count(s.values, tau, c)
+    r = accepted_count(s.values, tau, c, ties)
     pos = r.clamp(max=k - 1).unsqueeze(1)
     y_val = s.values.gather(1, pos).squeeze(1)
     y_log = s.log_values().gather(1, pos).squeeze(1)
     # Every probability is >= 0, so tau <= 0 accepts everything (typical is strict: tau > 0).
-    empty = (r >= s.vocab) | ((tau <= 0) & (not c.strict))
+    empty = _nothing_rejected(r, s.vocab, tau, c.is_strict(ties))
     deep = (r >= k) & ~empty
     y_pos = r.clamp(max=k)
     n_above = r
     if bool(deep.any()):
         idx = torch.nonzero(deep).squeeze(1)
         flat_idx = idx if rows is None else rows.index_select(0, idx)
-        best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c, from_logits), flat,
+        best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c.is_strict(ties), from_logits), flat,
                         _over_rows(s.norm, rows, flat), _over_rows(tau, rows, flat), idx=flat_idx)
         y_val = y_val.index_copy(0, idx, best[:, 0].clamp(min=0))
         y_log = y_log.index_copy(0, idx, best[:, 1])
@@ -455,10 +488,10 @@ def _over_rows(x: Tensor, rows: Tensor | None, flat: Tensor) -> Tensor:
 
 
 def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: Criterion, divs: list[str],
-                     from_logits: bool) -> dict[str, Tensor]:
+                     from_logits: bool, ties: str = "worst") -> dict[str, Tensor]:
     """``rho*`` of criterion ``c`` on the rows that ``s`` summarises, per divergence; rows whose
     pool reaches beyond the summary are redone from a wider one (the last a full sort)."""
-    y_pos, y_val, y_log, n_above, empty, _ = _boundary(s, flat, rows, tau, c, from_logits)
+    y_pos, y_val, y_log, n_above, empty, _ = _boundary(s, flat, rows, tau, c, from_logits, ties)
     values, logs, tail = s.values, s.log_values(), s.tail_mass()
     out = {}
     for div in divs:
@@ -472,7 +505,8 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
             idx = torch.nonzero(incomplete).squeeze(1)
             sub_rows = idx if rows is None else rows.index_select(0, idx)
             wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits)
-            redone = _level_set_costs(wider, flat, sub_rows, tau.index_select(0, idx), c, [div], from_logits)[div]
+            redone = _level_set_costs(wider, flat, sub_rows, tau.index_select(0, idx), c, [div], from_logits,
+                                      ties)[div]
             cost = cost.index_copy(0, idx, redone)
         out[div] = torch.where(empty, torch.full_like(cost, torch.inf), cost)
     return out
@@ -487,14 +521,14 @@ def _wider_summary(flat: Tensor, rows: Tensor, norm: Tensor, k: int, from_logits
 
 
 def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: list[str],
-                from_logits: bool) -> dict[str, Tensor]:
+                from_logits: bool, ties: str = "worst") -> dict[str, Tensor]:
     """Width-``m`` tree certificates on the rows that ``s`` summarises, per divergence; rows whose
     ``t`` maximisers and ``m`` competitors do not fit in the summary are redone from a wider one."""
     values, logs, tail = s.values, s.log_values(), s.tail_mass()
     zeros = torch.zeros_like(tail)
     out = {}
     for div in divs:
-        pool_k, _, t, known = _tree_pool(values, logs, m, div)
+        pool_k, _, t, known = _tree_pool(values, logs, m, div, ties)
         cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
         infeasible = t + m > s.vocab
         redo = ~known & ~infeasible
@@ -503,7 +537,7 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
             sub_rows = idx if rows is None else rows.index_select(0, idx)
             need = int((t.index_select(0, idx) + m).max())
             wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits, need)
-            cost = cost.index_copy(0, idx, _tree_costs(wider, flat, sub_rows, m, [div], from_logits)[div])
+            cost = cost.index_copy(0, idx, _tree_costs(wider, flat, sub_rows, m, [div], from_logits, ties)[div])
         out[div] = torch.where(infeasible, torch.full_like(cost, torch.inf), cost)
     return out
 
@@ -517,6 +551,7 @@ def certificates(
     from_logits: bool = False,
     top: int = DEFAULT_TOP,
     summary: TopSummary | None = None,
+    ties: str = "worst",
 ) -> dict[tuple[str, str], Tensor]:
     """Certificates of several criteria (and tree widths) from one pass over ``p``.
 
@@ -528,15 +563,18 @@ def certificates(
     deeper get one masked pass, and rows whose pooled set is deeper still are redone from a
     wider summary. ``summary``: a :func:`~companion.summary.summarize` of this same ``p`` (same
     ``from_logits``) that the caller already has, with at least ``top`` values; it saves the
-    ``topk`` pass.
+    ``topk`` pass. ``ties``: ``"worst"`` (default; sound for every decoder that breaks exact ties
+    in a fixed way, e.g. by token id) or ``"level-set"`` (every token tied at the threshold counts
+    as accepted; for analysis only): see the module docstring.
     """
+    check_ties(ties)
     vocab = _check_p(p, from_logits)
     crits = parse_criteria(criteria) if criteria else []
     divs = _divergence_list(divergences)
     widths = _width_list(tree_widths, vocab)
     for c in crits:
         c.check_vocab(vocab)
-    k = max([top] + [c.top_needed() + 1 for c in crits] + [m + 1 for m in widths])
+    k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
     if summary is None:
         s = summarize(p, from_logits=from_logits, k=k)  # validates p
     else:
@@ -548,14 +586,14 @@ def certificates(
         s = summary
     flat = p.reshape(-1, vocab)
     if any(c.needs_entropy for c in crits) and s.entropy is None:
-        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits))
+        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits, ties))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
-        tau = c.threshold_from_summary(s)
-        for div, cost in _level_set_costs(s, flat, None, tau, c, divs, from_logits).items():
+        tau = c.threshold_from_summary(s, ties)
+        for div, cost in _level_set_costs(s, flat, None, tau, c, divs, from_logits, ties).items():
             out[(str(c), div)] = cost.reshape(s.lead_shape)
     for m in widths:
-        for div, cost in _tree_costs(s, flat, None, m, divs, from_logits).items():
+        for div, cost in _tree_costs(s, flat, None, m, divs, from_logits, ties).items():
             out[(f"tree:{m}", div)] = cost.reshape(s.lead_shape)
     return out
 
@@ -567,6 +605,7 @@ def certificate(
     *,
     from_logits: bool = False,
     top: int = DEFAULT_TOP,
+    ties: str = "worst",
 ) -> Tensor:
     """``rho*(p)`` for one criterion: float64, shape ``p.shape[:-1]``.
 
@@ -574,28 +613,37 @@ def certificate(
     rejected token has probability exactly 0 (then no finite ``KL(q || p)`` reaches it).
     ``p``: probabilities ``[..., V]`` (or logits with ``from_logits=True``), any float dtype,
     any device. ``divergence``: ``"forward"`` for ``KL(p || q)``, ``"reverse"`` for ``KL(q || p)``.
+    ``ties``: ``"worst"`` (default) or ``"level-set"`` (module docstring).
     """
+    check_ties(ties)
     _check_p(p, from_logits)
     c = parse_criterion(criterion)
     check_divergence(divergence)
-    return certificates(p, [c], [divergence], from_logits=from_logits, top=top)[(str(c), divergence)]
+    return certificates(p, [c], [divergence], from_logits=from_logits, top=top, ties=ties)[(str(c), divergence)]
 
 
 def tree_certificate(
-    p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False
+    p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False, ties: str = "worst"
 ) -> Tensor:
-    """Exact certificate that the drafter's top ``m`` contains a maximiser of ``p``.
+    """Exact certificate that the drafter's top ``m`` contains the decoder's greedy token.
 
-    ``rho*_tree = inf { D(p, q) : m non-maximisers z of p have q_z >= q_g for every maximiser g }``
-    (worst-case tie-breaking in the drafter; every maximiser of ``p`` counts as the greedy token,
-    the level-set convention). ``m = 1`` equals the strict-greedy certificate on every row, exact
-    ties included. ``+inf`` where fewer than ``m`` tokens are not maximisers. Tends to
-    ``log(m + 1)`` (forward) as ``p(1) -> 1``. Raises for ``m >= V``.
+    ``ties="worst"`` (default): the decoder's token ``g`` may be any maximiser of ``p``, and the
+    drafter's ties are broken against us:
+    ``rho*_tree = min_g inf { D(p, q) : m tokens z != g have q_z >= q_g }``, which pools ``p(1)``
+    with the cheapest of the competitors ``p(2..m+1)`` (other maximisers among them: 0 when more
+    than ``m`` tokens tie at the top). ``"level-set"``: the tree succeeds if the top ``m`` holds
+    *any* maximiser, ``inf { D(p, q) : m non-maximisers z have q_z >= q_g for every maximiser g }``,
+    ``+inf`` where fewer than ``m`` tokens are not maximisers. Either way ``m = 1`` equals the
+    strict-greedy certificate of the same convention on every row, exact ties included, and the
+    two agree off ties (``p(1) > p(2)``). Tends to ``log(m + 1)`` (forward) as ``p(1) -> 1``.
+    Raises for ``m >= V``.
     """
+    check_ties(ties)
     vocab = _check_p(p, from_logits)
     check_divergence(divergence)
     check_tree_width(m, vocab)
-    return certificates(p, (), [divergence], tree_widths=[m], from_logits=from_logits)[(f"tree:{m}", divergence)]
+    return certificates(p, (), [divergence], tree_widths=[m], from_logits=from_logits,
+                        ties=ties)[(f"tree:{m}", divergence)]
 
 
 def exact_top_tie(p: Tensor, *, from_logits: bool = False) -> Tensor:
@@ -614,7 +662,8 @@ def exact_top_tie(p: Tensor, *, from_logits: bool = False) -> Tensor:
 def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
     """``C(p, y) = min { D(p, q) : q_y >= q_z for all z }`` for a token ``y`` (id or ids ``[...]``).
 
-    Computed from a full sort (every token can be asked for), so prefer :func:`certificate`
+    A property of ``q``'s order alone: no tie convention enters (``rho* = C(p, y*)`` for the most
+    likely token ``y*`` of the rejection region of whichever convention). Computed from a full sort (every token can be asked for), so prefer :func:`certificate`
     on large batches. Reverse: ``+inf`` when ``p_y = 0``.
     """
     _check_p(p, from_logits)
@@ -660,40 +709,46 @@ def _witness_from_pool(full: TopSummary, pool: Tensor, cost: Tensor, divergence:
     return q.reshape(full.lead_shape + (full.vocab,))
 
 
-def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
+def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", *, from_logits: bool = False,
+            ties: str = "worst") -> Tensor:
     """The minimiser ``q*`` with ``D(p, q*) = rho*(p)``: float64 ``[..., V]``, normalised.
 
-    ``q*`` ties the most likely rejected token ``y*`` with the top of ``q*``, so under
-    worst-case tie-breaking its greedy token is rejected. Rows whose certificate is ``+inf``
-    get NaN: an empty rejection region, or (reverse) a boundary token with ``p_{y*} = 0``.
+    ``q*`` ties the most likely rejected token ``y*`` (of the rejection region of ``ties``) with
+    the top of ``q*``, so under worst-case tie-breaking its greedy token is rejected (at an exact
+    top tie of ``p`` under ``ties="worst"``, strict greedy's ``q* = p``). Rows whose certificate
+    is ``+inf`` get NaN: an empty rejection region, or (reverse) a boundary token with ``p_{y*} = 0``.
     """
+    check_ties(ties)
     vocab = _check_p(p, from_logits)
     c = parse_criterion(criterion)
     check_divergence(divergence)
     c.check_vocab(vocab)
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
-    tau = c.threshold_from_summary(full)
-    r = accepted_count(full.values, tau, c)
+    tau = c.threshold_from_summary(full, ties)
+    r = accepted_count(full.values, tau, c, ties)
     pos = r.clamp(max=full.vocab - 1)
     p_y = full.values.gather(1, pos.unsqueeze(1)).squeeze(1)
     log_y = full.logs.gather(1, pos.unsqueeze(1)).squeeze(1)
     pool_k, extra, _, _ = _level_set_pool(full.values, full.logs, r, pos, p_y, log_y, divergence)
     cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
-    empty = (r >= full.vocab) | ((tau <= 0) & (not c.strict))
+    empty = _nothing_rejected(r, full.vocab, tau, c.is_strict(ties))
     if divergence == "reverse":
         empty |= torch.isneginf(log_y)
     cost = torch.where(empty, torch.full_like(cost, torch.inf), cost)
     return _witness_from_pool(full, pool_k, cost, divergence)
 
 
-def tree_witness(p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False) -> Tensor:
-    """The minimiser of the tree certificate: ``m`` non-maximisers of ``p`` tie or beat every
-    maximiser under ``q*``, which attains the certificate. NaN rows where it is ``+inf``."""
+def tree_witness(p: Tensor, m: int, divergence: str = "forward", *, from_logits: bool = False,
+                 ties: str = "worst") -> Tensor:
+    """The minimiser of the tree certificate of the same ``ties``: under ``q*``, ``m`` tokens other
+    than the first maximiser of ``p`` (``"worst"``), or ``m`` non-maximisers (``"level-set"``), tie
+    or beat it (every maximiser), which attains the certificate. NaN rows where it is ``+inf``."""
+    check_ties(ties)
     vocab = _check_p(p, from_logits)
     check_divergence(divergence)
     check_tree_width(m, vocab)
     full = sorted_rows(p, from_logits=from_logits)
-    pool_k, _, t, known = _tree_pool(full.values, full.logs, m, divergence)
+    pool_k, _, t, known = _tree_pool(full.values, full.logs, m, divergence, ties)
     zeros = torch.zeros_like(full.tail)
     cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
     cost = torch.where(known, cost, torch.full_like(cost, torch.inf))

@@ -4,15 +4,23 @@ For each criterion ``c`` and each row (a decoding step), with ``d = argmax q`` t
 greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"reverse"``:
 ``KL(q || p)``):
 
-* ``accepted``: ``c`` accepts ``d`` under ``p``, i.e. ``p_d >= tau_c(p)`` (``>`` for typical
-  acceptance);
+* ``accepted``: a real decoder accepts ``d`` under ``c``
+  (:meth:`~companion.criteria.Criterion.decoder_accepts`): ``p_d >= tau_c(p)`` (``>`` for typical
+  acceptance) and, for the rank conditions, the decoders' own rule on the tensors as given, first
+  index wins: strict greedy accepts ``d`` iff ``d == torch.argmax(p)``, ``topm:M`` iff ``d`` is in
+  the id-ordered ``topk(p, M)``, ``topk-delta:K,D`` iff in ``topk(p, K)`` as well;
 * ``certificate``: ``rho*_c(p) = inf { D(p, q') : argmax q' is rejected by c }``, from
-  :func:`companion.kl_certificates.certificates`;
+  :func:`companion.kl_certificates.certificates`, under the worst case over tie-breaks
+  (``ties="worst"``, the default; ``"level-set"`` for analysis);
 * ``kl``: ``D(p, q)``, from :func:`companion.kl_certificates.kl_divergence`;
 * ``certified``: ``kl < certificate``.
 
-The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q``, so a certified
-step is accepted whatever the tie-breaking; the converse does not hold (a certificate prices
+The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q`` and, with
+``ties="worst"``, for every fixed tie-break of ``p``, so a certified step is accepted by every
+decoder, exact ties included. (With ``ties="level-set"`` it fails at exact ties:
+``p = [0.4, 0.4, 0.2]``, ``q = [0.39, 0.41, 0.2]`` gives ``KL = 0.0003 < rho* = 0.0437`` for
+strict greedy, yet ``argmax p = 0 != 1 = argmax q``; the worst-case ``rho*`` there is 0.) The
+converse does not hold (a certificate prices
 the *worst* drafter within the budget, and a real drafter is rarely that one). Where ``c``
 rejects nothing, ``rho* = +inf`` and every drafter is certified, even one with infinite KL.
 A KL within float64 rounding of ``rho*`` is decided by that rounding.
@@ -26,8 +34,7 @@ import torch
 from torch import Tensor
 
 from companion.kl_certificates import certificates, kl_divergence
-from companion.criteria import Criterion, parse_criteria, parse_criterion
-from companion.summary import normalized_probabilities
+from companion.criteria import Criterion, check_ties, parse_criteria, parse_criterion
 from companion.validation import check_distribution_tensor, check_divergence
 
 
@@ -36,8 +43,8 @@ class Certification:
     """One criterion's verdict on a drafter, per row (all tensors have ``p.shape[:-1]``).
 
     ``token``: the drafter's greedy token ``argmax q`` (int64; the lowest id among exact ties).
-    ``accepted``: the criterion accepts ``token`` under ``p`` (bool).
-    ``certified``: ``kl < certificate`` (bool); certified implies accepted.
+    ``accepted``: a decoder that breaks ties by token id accepts ``token`` under the criterion (bool).
+    ``certified``: ``kl < certificate`` (bool); certified implies accepted (``ties="worst"``).
     ``certificate``: ``rho*(p)`` in nats (float64, ``+inf`` where nothing is rejected).
     ``kl``: the drafter's divergence ``D(p, q)`` in nats (float64).
     """
@@ -91,6 +98,7 @@ def certified(
     *,
     from_logits: bool = False,
     divergence: str = "forward",
+    ties: str = "worst",
 ) -> Certifications:
     """Whether the drafter ``q``'s greedy token is certified, and accepted, under each criterion.
 
@@ -98,11 +106,15 @@ def certified(
     probabilities, or logits of both with ``from_logits=True`` (any float dtype). ``criteria``:
     specs or :class:`~companion.criteria.Criterion` objects (one, a list, or a ``;``-separated
     string). ``divergence``: ``"forward"`` (``KL(p || q)``) or ``"reverse"`` (``KL(q || p)``).
+    ``ties``: the certificates' tie convention, ``"worst"`` (default) or ``"level-set"``
+    (analysis only: then certified steps at exact ties may be rejected); ``accepted`` is the
+    decoders' first-index verdict either way.
 
     Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
     with, per row, ``certified = KL < rho*`` and ``accepted``; the rule ``KL < rho* => accepted``
-    holds on every row (module docstring).
+    holds on every row under ``ties="worst"`` (module docstring).
     """
+    check_ties(ties)
     check_divergence(divergence)
     what_p, what_q = ("target logits", "drafter logits") if from_logits else ("p", "q")
     check_distribution_tensor(p, what_p)
@@ -112,17 +124,15 @@ def certified(
     crits = parse_criteria(criteria)
     if not crits:
         raise ValueError("criteria is empty: give at least one criterion spec, e.g. 'greedy'")
-    certs = certificates(p, crits, [divergence], from_logits=from_logits)
+    certs = certificates(p, crits, [divergence], from_logits=from_logits, ties=ties)
     kl = kl_divergence(p, q, divergence, from_logits=from_logits)
     token = q.argmax(-1)
-    p_token = normalized_probabilities(p, from_logits=from_logits).gather(-1, token.unsqueeze(-1)).squeeze(-1)
     out = []
     for c in crits:
         rho = certs[(str(c), divergence)]
-        tau = c.threshold(p, from_logits=from_logits)
         out.append(Certification(
             criterion=str(c), divergence=divergence, token=token,
-            accepted=c.accept_from(p_token, tau),
+            accepted=c.decoder_accepts(p, token, from_logits=from_logits),
             certified=(kl < rho) | torch.isposinf(rho),
             certificate=rho, kl=kl,
         ))
