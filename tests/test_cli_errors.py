@@ -2,7 +2,9 @@
 
 The harvest cases are checked before any model loads (the ones that need a tokenizer or an existing
 harvest use the tiny random pair of ``companion.harvest.toy``); ``companion reproduce -p`` is checked
-against the type of the notebook's default before any notebook runs. Each case runs ``companion``
+against the type of the notebook's default before any notebook runs, and ``--root``, ``--cell-timeout``,
+``--figures-dir`` and parameter ranges too; ``retrain`` and ``pair-report`` check ``--set``,
+``--reuse-target``, ``--compare-to`` and ``--pair`` before any training or model load. Each case runs ``companion``
 in this process (``companion.cli.main``), so the whole table takes seconds; Ctrl-C is checked on a
 real process, with a real SIGINT.
 """
@@ -143,6 +145,16 @@ def _read_only_figures(work: Path, ctx: dict, monkeypatch) -> None:
 
 
 RHELP = " (see `companion reproduce --help`)"
+PAIR_PARTS = ("a pair folder holds manifest.json, target/config.json, drafter/config.json, prompts.jsonl "
+              "(written by companion retrain)")
+
+
+def _folders(work: Path, ctx: dict, monkeypatch) -> None:
+    """An empty folder, a single model folder (config.json, no manifest) and a plain file."""
+    (work / "empty").mkdir()
+    (work / "model").mkdir()
+    (work / "model" / "config.json").write_text("{}")
+    (work / "file.txt").write_text("mine")
 
 # (id, arguments after `companion`, the one line expected on stderr, setup or None). Placeholders:
 # {work} the test's folder, {t} {d} {tok} the pair, {other_tok} {other_drafter} one token more,
@@ -281,6 +293,55 @@ CASES = [
     ("reproduce-figures-dir-is-a-file", ["reproduce", "--root", "{work}/project", "--figures-dir", "{work}/taken"],
      "companion reproduce: error: --figures-dir {work}/taken is a file; pass a folder",
      lambda work, ctx, mp: (_project(work, ctx, mp), _write("taken", b"mine")(work, ctx, mp))),
+    ("retrain-set-unknown-key", ["retrain", "--out", "{work}/out", "--set", "nosuch=1"],
+     "companion retrain: --set nosuch=1: unknown config key 'nosuch'; known: seed, vocab_size, max_files, seq_len, "
+     "max_position_embeddings, rope_theta, target.*, drafter.*, target_stage.*, drafter_stage.*, save_dtype, "
+     "num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, prompt_max_tokens, greedy_prompts, greedy_steps, "
+     "chat_conversations, natural_share, answer_only_loss, eval_conversations, regime_prompts, regime_steps, "
+     "assisted_num_tokens", None),
+    ("retrain-set-unknown-nested-key", ["retrain", "--out", "{work}/out", "--set", "target_stage.nope=1"],
+     "companion retrain: --set target_stage.nope=1: unknown config key 'target_stage.nope'; known: "
+     "target_stage.steps, target_stage.batch_size, target_stage.lr, target_stage.warmup_steps, "
+     "target_stage.min_lr_ratio, target_stage.weight_decay, target_stage.grad_clip", None),
+    ("retrain-set-not-an-integer", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=abc"],
+     "companion retrain: --set target_stage.steps=abc: expected an integer (now 2000), got 'abc'", None),
+    ("retrain-set-not-a-number", ["retrain", "--out", "{work}/out", "--set", "target_stage.lr=fast"],
+     "companion retrain: --set target_stage.lr=fast: expected a number (now 0.003), got 'fast'", None),
+    ("retrain-set-not-a-boolean", ["retrain", "--out", "{work}/out", "--set", "answer_only_loss=maybe"],
+     "companion retrain: --set answer_only_loss=maybe: expected true or false, got 'maybe'", None),
+    ("retrain-set-a-group", ["retrain", "--out", "{work}/out", "--set", "drafter=3"],
+     "companion retrain: --set drafter=3: config key 'drafter' is a group: set one of its fields (drafter.hidden_size, "
+     "drafter.num_hidden_layers, drafter.intermediate_size, drafter.num_attention_heads, "
+     "drafter.num_key_value_heads, drafter.head_dim)", None),
+    ("retrain-set-no-equals", ["retrain", "--out", "{work}/out", "--set", "seed"],
+     "companion retrain: --set expects KEY=VALUE, got 'seed'", None),
+    ("retrain-reuse-target-missing", ["retrain", "--out", "{work}/out", "--reuse-target", "{work}/nonexistent"],
+     "companion retrain: --reuse-target {work}/nonexistent: no such folder; " + PAIR_PARTS, None),
+    ("retrain-reuse-target-model", ["retrain", "--out", "{work}/out", "--reuse-target", "{work}/model"],
+     "companion retrain: --reuse-target {work}/model is a single model folder, not a pair; " + PAIR_PARTS, _folders),
+    ("retrain-compare-to-missing", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/nonexistent"],
+     "companion retrain: --compare-to {work}/nonexistent: no such file; pass a pair's manifest.json or its folder",
+     None),
+    ("retrain-compare-to-empty-folder", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/empty"],
+     "companion retrain: --compare-to {work}/empty: no manifest.json in this folder; pass a pair's manifest.json or "
+     "its folder", _folders),
+    ("retrain-compare-to-not-json", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/file.txt"],
+     "companion retrain: --compare-to {work}/file.txt is not a readable JSON manifest (Expecting value: line 1 "
+     "column 1 (char 0))", _folders),
+    ("retrain-out-is-a-file", ["retrain", "--out", "{work}/file.txt"],
+     "companion retrain: --out {work}/file.txt is a file; pass a folder (it is replaced atomically if it exists)",
+     _folders),
+    ("pair-report-missing", ["pair-report", "--pair", "{work}/nonexistent"],
+     "companion pair-report: --pair {work}/nonexistent: no such folder; " + PAIR_PARTS, None),
+    ("pair-report-empty-folder", ["pair-report", "--pair", "{work}/empty"],
+     "companion pair-report: --pair {work}/empty: not a pair folder (no manifest.json, target/config.json, "
+     "drafter/config.json, prompts.jsonl); " + PAIR_PARTS, _folders),
+    ("pair-report-model-folder", ["pair-report", "--pair", "{work}/model"],
+     "companion pair-report: --pair {work}/model is a single model folder, not a pair; " + PAIR_PARTS, _folders),
+    ("pair-report-harvest-model", ["pair-report", "--pair", "{t}"],
+     "companion pair-report: --pair {t} is a single model folder, not a pair; " + PAIR_PARTS, None),
+    ("pair-report-file", ["pair-report", "--pair", "{work}/file.txt"],
+     "companion pair-report: --pair {work}/file.txt is a file; " + PAIR_PARTS, _folders),
     ("reproduce-unknown-option", ["reproduce", "--root", "{work}/project", "--profiles", "gpu"],
      "companion reproduce: unrecognized arguments: --profiles gpu (see `companion reproduce --help`)", _project),
 ]
