@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from companion import certificate, certificates, kl_divergence, parse_criterion, tree_certificate, witness
+from companion.validation import check_distribution_tensor, check_divergences, check_positive_int, check_tree_widths
 
 
 def _ok(v: int = 6, rows: int = 4) -> torch.Tensor:
@@ -105,3 +106,36 @@ def test_results_stay_on_device_and_keep_shape() -> None:
     out = certificates(p, ["greedy", "typical:0.09,0.3"], tree_widths=[2], from_logits=False)
     for v in out.values():
         assert v.shape == (2, 3) and v.dtype == torch.float64 and v.device == p.device
+
+
+SHARED_CHECKS = [
+    ("meta-tensor", lambda: check_distribution_tensor(torch.zeros(2, 4, device="meta"), "q"),
+     "q is on the meta device (a shape without values); load the weights or move the tensor to cpu or cuda first"),
+    ("meta-logits", lambda: certificate(torch.zeros(2, 4, device="meta"), "greedy", from_logits=True),
+     "logits is on the meta device"),
+    ("positive-int-float", lambda: check_positive_int("top_k", 1.5), "top_k must be a positive integer, got 1.5"),
+    ("positive-int-zero", lambda: check_positive_int("top_k", 0), "top_k must be a positive integer, got 0"),
+    ("positive-int-bool", lambda: check_positive_int("top_k", True), "top_k must be a positive integer, got True"),
+    ("divergences-misspelt", lambda: check_divergences("fwd"),
+     "divergence must be one of ('forward', 'reverse'), got 'fwd'"),
+    ("divergences-number", lambda: check_divergences(3),
+     "divergences must be one of ('forward', 'reverse') or a list of them, got 3"),
+    ("tree-widths-string", lambda: check_tree_widths("2"), "tree_widths must be an integer or a list of integers, "
+                                                           "got '2'"),
+    ("tree-widths-bool", lambda: check_tree_widths(True), "tree_widths must be an integer or a list of integers, "
+                                                          "got True"),
+]
+
+
+@pytest.mark.parametrize("call, message", [c[1:] for c in SHARED_CHECKS], ids=[c[0] for c in SHARED_CHECKS])
+def test_shared_checks_name_the_argument(call, message) -> None:
+    with pytest.raises(ValueError) as err:
+        call()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shared_checks_accept_one_value_or_a_list() -> None:
+    assert check_divergences("forward") == ["forward"]
+    assert check_divergences(("reverse", "forward")) == ["reverse", "forward"]
+    assert check_tree_widths(2) == [2] and check_tree_widths((1, 4)) == [1, 4]
+    assert check_positive_int("top_k", 20) == 20
