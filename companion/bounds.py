@@ -13,9 +13,11 @@ token, ``Delta = p(1) - p_{y*}``, ``s = p(1) + p_{y*}``, ``gamma = p(1) - p(2)``
   ``Delta^2/(2s) <= rho* <= (log 2) Delta^2/s``. Both constants are sharp: the lower one as
   ``Delta -> 0`` (Pinsker), the upper one as ``p(2) -> 0``, since ``[log 2 - h((1+u)/2)] / u^2``
   increases in ``u = Delta/s`` from ``1/2`` to ``log 2``. The chi-square bound ``Delta^2/s`` is
-  valid but loose. At an exact tie the boundary is the third token and the pool holds three
-  tokens: ``rho*`` then exceeds ``(log 2) Delta^2/s`` (by up to about 17 % with two tied
-  maximisers, 28 % with four), so no upper bound of this form is returned there.
+  valid but loose. At an exact tie under ``ties="level-set"`` the boundary is the token below
+  the ``k`` tied maximisers and the pool holds ``k + 1`` tokens: ``rho*`` then exceeds
+  ``(log 2) Delta^2/s`` by a factor up to ``k log(1 + 1/k) / log 2`` (approached as the boundary
+  token's probability tends to 0), that is by up to 17.0 % with two tied maximisers and 28.8 %
+  with four, so no upper bound of this form is returned on tied rows.
 * Margin only: ``rho* >= phi_m(gamma) = [(1+m gamma) log(1+m gamma) + m(1-gamma) log(1-gamma)]/(m+1)``
   for a width-``m`` greedy tree (``m = 1``: strict greedy), attained when all mass sits on
   ``g`` and ``m`` competitors at ``p(1) - gamma``; leading term ``m gamma^2 / 2`` (a lower bound
