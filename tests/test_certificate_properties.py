@@ -72,10 +72,16 @@ def test_witness_attains_certificate_and_is_rejected(spec: str, div: str) -> Non
         checked += 1
         assert torch.all(q >= 0) and math.isclose(float(q.sum()), 1.0, rel_tol=1e-12)
         assert math.isclose(float(kl_divergence(pt, q, div)), rho, rel_tol=1e-9, abs_tol=1e-15)
-        # some maximiser of q* is rejected: worst-case tie-breaking picks it
+        # some maximiser of q* is rejected (worst case over p's tie-breaks): worst-case
+        # tie-breaking in the drafter picks it
         top = q >= q.max() * (1 - 1e-12)
-        rejected = c.rejection_mask(pt)
+        rejected = c.rejection_mask(pt, ties="worst")
         assert bool((top & rejected).any())
+        # the level-set witness is rejected by the level-set rule
+        q_level = witness(pt, c, div, ties="level-set")
+        if not torch.isnan(q_level).all():
+            top = q_level >= q_level.max() * (1 - 1e-12)
+            assert bool((top & c.rejection_mask(pt)).any())
     assert checked >= 20
 
 
@@ -85,13 +91,23 @@ def test_tree_witness_attains_and_fails(m: int, div: str) -> None:
     ties = 0
     for p in random_targets(40, seed=5, v_min=6, v_max=9, floor=1e-6):
         pt = _t(p)
+        maxim = pt == pt.max()
+        ties += int(maxim.sum()) > 1
+        # worst case (default): for some maximiser g of p (the decoder's token under some
+        # tie-break), m other tokens tie with or beat g under q*
         rho = float(tree_certificate(pt, m, div))
         q = tree_witness(pt, m, div)
         assert math.isclose(float(kl_divergence(pt, q, div)), rho, rel_tol=1e-9, abs_tol=1e-15)
-        # m non-maximisers of p tie with or beat every maximiser of p under q*: the drafter's
-        # top m (ties broken against us) holds no maximiser of p
-        maxim = pt == pt.max()
-        ties += int(maxim.sum()) > 1
+        beaten = [int((q >= q[g] * (1 - 1e-12)).sum()) - 1 for g in torch.nonzero(maxim).flatten()]
+        assert max(beaten) >= m
+        # level-set: m non-maximisers of p tie with or beat every maximiser of p under q*: the
+        # drafter's top m (ties broken against us) holds no maximiser of p
+        rho = float(tree_certificate(pt, m, div, ties="level-set"))
+        q = tree_witness(pt, m, div, ties="level-set")
+        if math.isinf(rho):
+            assert torch.isnan(q).all()
+            continue
+        assert math.isclose(float(kl_divergence(pt, q, div)), rho, rel_tol=1e-9, abs_tol=1e-15)
         best = q[maxim].max()
         assert int(((q >= best * (1 - 1e-12)) & ~maxim).sum()) >= m
     assert ties >= 5
@@ -109,7 +125,7 @@ def test_below_certificate_every_maximiser_is_accepted(p, lam, noise, spec, div)
     assume(len(p) > 3)
     pt = _t(p)
     rho = float(certificate(pt, c, div))
-    accepted = ~c.rejection_mask(pt)
+    accepted = ~c.rejection_mask(pt, ties="worst")
     rng = np.random.default_rng(noise)
     candidates = []
     if math.isfinite(rho):
@@ -148,14 +164,15 @@ def test_certificate_is_cost_of_boundary_token() -> None:
         pt = _t(p)
         for spec in SPECS:
             c = parse_criterion(spec)
-            rej = torch.nonzero(c.rejection_mask(pt)).flatten()
-            for div in DIVS:
-                rho = float(certificate(pt, c, div))
-                if rej.numel() == 0:
-                    assert math.isinf(rho)
-                    continue
-                best = min(float(per_token_cost(pt, int(y), div)) for y in rej)
-                assert math.isclose(rho, best, rel_tol=1e-12, abs_tol=1e-16)
+            for ties in ("worst", "level-set"):
+                rej = torch.nonzero(c.rejection_mask(pt, ties=ties)).flatten()
+                for div in DIVS:
+                    rho = float(certificate(pt, c, div, ties=ties))
+                    if rej.numel() == 0:
+                        assert math.isinf(rho)
+                        continue
+                    best = min(float(per_token_cost(pt, int(y), div)) for y in rej)
+                    assert math.isclose(rho, best, rel_tol=1e-12, abs_tol=1e-16)
 
 
 def test_strict_greedy_closed_forms() -> None:
@@ -174,22 +191,28 @@ def test_strict_greedy_closed_forms() -> None:
         assert math.isclose(float(tree_certificate(_t(p), 1, "forward")), fwd, rel_tol=1e-9, abs_tol=1e-15)
 
 
-def test_exact_top_tie_one_convention() -> None:
-    """Level-set convention: both maximisers are accepted, and a tree succeeds when the
-    drafter's top m holds either of them."""
+def test_exact_top_tie_both_conventions() -> None:
+    """At p = [0.4, 0.4, 0.2]. Worst case (default): the decoder's token is one of the two
+    maximisers, the other one is rejected and already ties with it, so strict greedy and the
+    width-1 tree certify nothing; width 2 fails once the 0.2 token also reaches the decoder's
+    token. Level-set: both maximisers are accepted, and a tree succeeds when the drafter's top
+    m holds either of them."""
     p = _t(np.array([0.4, 0.4, 0.2]))
-    # both maximisers accepted: the boundary token is the 0.2 one
-    assert math.isclose(float(certificate(p, "greedy")), float(per_token_cost(p, 2)), rel_tol=1e-12)
     assert exact_top_tie(p) and not exact_top_tie(_t(np.array([0.5, 0.3, 0.2])))
     for div in DIVS:
-        # width 1: the 0.2 token must beat both maximisers, exactly strict greedy's failure
-        assert float(tree_certificate(p, 1, div)) == float(certificate(p, "greedy", div)) > 0
+        assert float(certificate(p, "greedy", div)) == 0.0 == float(tree_certificate(p, 1, div))
+        assert torch.equal(witness(p, "greedy", div), p) and torch.equal(tree_witness(p, 1, div), p)
+        assert math.isclose(float(tree_certificate(p, 2, div)), float(pair_cost(0.4, 0.2, div)), rel_tol=1e-12)
+        # level-set: width 1, the 0.2 token must beat both maximisers, exactly strict greedy's failure
+        level = float(certificate(p, "greedy", div, ties="level-set"))
+        assert float(tree_certificate(p, 1, div, ties="level-set")) == level > 0
+        assert math.isclose(level, float(per_token_cost(p, 2, div)), rel_tol=1e-12)
         # width 2: only one non-maximiser exists, so the top 2 always holds a maximiser
-        assert math.isinf(float(tree_certificate(p, 2, div)))
-        assert torch.isnan(tree_witness(p, 2, div)).all()
+        assert math.isinf(float(tree_certificate(p, 2, div, ties="level-set")))
+        assert torch.isnan(tree_witness(p, 2, div, ties="level-set")).all()
     # forward closed form: pool {0.4, 0.4, 0.2} at 1/3
     want = 0.8 * math.log(0.4 * 3) + 0.2 * math.log(0.2 * 3)
-    assert math.isclose(float(tree_certificate(p, 1)), want, rel_tol=1e-12)
+    assert math.isclose(float(tree_certificate(p, 1, ties="level-set")), want, rel_tol=1e-12)
 
 
 def test_api_accepts_one_divergence_and_refuses_scalars() -> None:
@@ -283,15 +306,19 @@ def test_margin_bounds_approached_as_margin_vanishes(s_total: float) -> None:
 
 @pytest.mark.parametrize("m", [1, 2, 4, 8])
 def test_margin_only_bound_is_attained(m: int) -> None:
-    """All mass on g and m competitors at p(1) - gamma attains phi_m(gamma) for gamma > 0; at
-    gamma = 0 the competitors are maximisers themselves, so the bound 0 is only approached."""
+    """All mass on g and m competitors at p(1) - gamma attains phi_m(gamma) for gamma > 0, and
+    (worst case over tie-breaks) gamma = 0 attains 0."""
     for gamma in [1e-6, 1e-3, 0.1, 0.5, 0.9]:
         p1 = (1 + m * gamma) / (m + 1)
         p = torch.tensor([p1] + [p1 - gamma] * m + [0.0], dtype=torch.float64)
         assert math.isclose(float(tree_certificate(p, m)), float(margin_only_bound(gamma, m)),
                             rel_tol=1e-9, abs_tol=1e-15)
+    # gamma = 0: the competitors are maximisers themselves. Worst case: one of them may be the
+    # decoder's token, the others already beat it, so the bound 0 is attained; level-set: only
+    # approached (the one non-maximiser must rise above all m + 1 maximisers).
     tied = torch.tensor([1 / (m + 1)] * (m + 1) + [0.0], dtype=torch.float64)
-    assert float(tree_certificate(tied, m)) > float(margin_only_bound(0.0, m)) == 0.0
+    assert float(tree_certificate(tied, m)) == float(margin_only_bound(0.0, m)) == 0.0
+    assert float(tree_certificate(tied, m, ties="level-set")) > 0.0
 
 
 def test_pair_cost_reverse_closed_form() -> None:
