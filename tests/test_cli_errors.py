@@ -328,6 +328,9 @@ CASES = [
     ("retrain-compare-to-not-json", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/file.txt"],
      "companion retrain: --compare-to {work}/file.txt is not a readable JSON manifest (Expecting value: line 1 "
      "column 1 (char 0))", _folders),
+    ("retrain-compare-to-and-no-compare", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/file.txt",
+                                           "--no-compare"],
+     "companion retrain: --compare-to {work}/file.txt and --no-compare contradict each other: give one", _folders),
     ("retrain-out-is-a-file", ["retrain", "--out", "{work}/file.txt"],
      "companion retrain: --out {work}/file.txt is a file; pass a folder (it is replaced atomically if it exists)",
      _folders),

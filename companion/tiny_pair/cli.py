@@ -30,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set target_stage.steps=100 (repeatable)")
     p.add_argument("--compare-to", type=Path, default=None,
-                   help="manifest to compare the rebuilt files against (default: the committed one)")
+                   help="manifest (or pair folder) to compare the rebuilt files against (default: the committed one); "
+                        "it must exist")
+    p.add_argument("--no-compare", action="store_true", help="do not compare the rebuilt files with any manifest")
     p.add_argument("--reuse-target", type=Path, default=None, metavar="PAIR_DIR",
                    help="load tokenizer and target from a finished build instead of retraining them; refused unless "
                         "that build used the same target-side config, corpus and package versions (for iterating on "
@@ -108,7 +110,9 @@ def cmd_retrain(args: argparse.Namespace) -> int:
             _check_reuse_target(args.reuse_target)
         # The committed manifest by default (skipped if this install lacks it); one named must exist.
         default_ref = ASSET_DIR / "manifest.json"
-        ref_path = (_compare_manifest(args.compare_to) if args.compare_to is not None
+        if args.no_compare and args.compare_to is not None:
+            raise _Refused(f"--compare-to {args.compare_to} and --no-compare contradict each other: give one")
+        ref_path = (None if args.no_compare else _compare_manifest(args.compare_to) if args.compare_to is not None
                     else default_ref if default_ref.is_file() else None)
         if args.out.exists() and not args.out.is_dir():
             raise _Refused(f"--out {args.out} is a file; pass a folder (it is replaced atomically if it exists)")
