@@ -225,7 +225,8 @@ def _range_error(name: str, value: Any, chapter: str) -> str | None:
             continue
         bad = [x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool) and x < low]
         if bad:
-            return f"{chapter} needs {name} >= {low} ({why}), got {value!r}"
+            each = "every entry of " if isinstance(value, (list, tuple)) else ""
+            return f"{chapter} needs {each}{name} >= {low} ({why}), got {value!r}"
     return None
 
 
