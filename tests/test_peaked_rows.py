@@ -9,6 +9,12 @@ monotonicity): it enumerates every candidate pool ``A`` (for a level-set criteri
 the pools whose flat-on-``A`` minimiser satisfies the constraints, and takes the least cost:
 the exact certificate is attained by one of them. Rows of a large vocabulary are given as
 blocks of equal logits, where the reference pools whole tie blocks (ties pool together).
+
+Both tie conventions: ``ties="level-set"`` takes the rule as written; the default, the worst case
+over tie-breaks, rejects a token when the rule rejects it after the perturbation most
+unfavourable to it (its probability lowered, every other raised, by a relative 1e-40: exact at
+80 digits, far below every gap that is not a tie), and a tree may have to serve any one
+maximiser, the others being competitors.
 """
 from __future__ import annotations
 
@@ -68,9 +74,28 @@ def threshold(p: list, spec: str):
     raise TypeError(c)
 
 
-def rejected(p: list, spec: str) -> list[int]:
+def _level_rejected(p: list, spec: str) -> list[int]:
     tau, strict = threshold(p, spec)
     return [i for i, v in enumerate(p) if (v <= tau if strict else v < tau)]
+
+
+PERTURB = mp.mpf("1e-40")
+
+
+def against(p: list, y: int) -> list:
+    """``p`` perturbed against ``y``: ``p_y`` lowered, every other entry raised, by a relative
+    1e-40 (zeros by 1e-40 of the smallest positive entry), renormalised."""
+    tiny = min(v for v in p if v > 0) * PERTURB
+    q = [(v * (1 + PERTURB) if v > 0 else tiny) if i != y else (v * (1 - PERTURB) if v > 0 else -tiny)
+         for i, v in enumerate(p)]
+    total = mp.fsum(q)
+    return [v / total for v in q]
+
+
+def rejected(p: list, spec: str, ties: str = "worst") -> list[int]:
+    if ties == "level-set":
+        return _level_rejected(p, spec)
+    return [y for y in range(len(p)) if y in _level_rejected(against(p, y), spec)]
 
 
 def flat_on(p: list, pool: list[int], div: str):
@@ -86,9 +111,9 @@ def flat_on(p: list, pool: list[int], div: str):
     return (INF if den == 0 else -mp.log(den)), level
 
 
-def ref_level_set(p: list, spec: str, div: str):
+def ref_level_set(p: list, spec: str, div: str, ties: str = "worst"):
     best = INF
-    for y in rejected(p, spec):
+    for y in rejected(p, spec, ties):
         others = [i for i in range(len(p)) if i != y]
         for size in range(len(others) + 1):
             for extra in itertools.combinations(others, size):
@@ -102,10 +127,19 @@ def ref_level_set(p: list, spec: str, div: str):
     return best
 
 
-def ref_tree(p: list, m: int, div: str):
+def ref_tree(p: list, m: int, div: str, ties: str = "worst"):
     top = max(p)
+    if ties == "worst":
+        # the decoder's token may be any one maximiser g: the others compete with it
+        return min(_ref_tree(p, m, div, [g], [i for i in range(len(p)) if i != g])
+                   for g in range(len(p)) if p[g] == top)
     maxim = [i for i, v in enumerate(p) if v == top]
     non = [i for i, v in enumerate(p) if v != top]
+    return _ref_tree(p, m, div, maxim, non)
+
+
+def _ref_tree(p: list, m: int, div: str, maxim: list[int], non: list[int]):
+    """Least cost of ``m`` tokens of ``non`` tying with or beating every token of ``maxim``."""
     best = INF
     for comp in itertools.combinations(non, m):
         for size in range(1, m + 1):
@@ -211,9 +245,10 @@ def _check_level_set(x: np.ndarray, from_logits: bool, spec: str, div: str, rtol
     if near_boundary(p, spec):
         return
     t = torch.tensor(x, dtype=torch.float64)
-    got = float(certificate(t, spec, div, from_logits=from_logits))
-    want = ref_level_set(p, spec, div)
-    assert close(got, want, rtol), (x.tolist(), spec, div, got, float(want))
+    for ties in ("worst", "level-set"):
+        got = float(certificate(t, spec, div, from_logits=from_logits, ties=ties))
+        want = ref_level_set(p, spec, div, ties)
+        assert close(got, want, rtol), (x.tolist(), spec, div, ties, got, float(want))
 
 
 @pytest.mark.parametrize("div", DIVS)
@@ -240,9 +275,11 @@ def test_peaked_trees(m: int, div: str) -> None:
             if not from_logits:
                 x = torch.softmax(torch.tensor(x, dtype=torch.float64), 0).numpy()
             p = exact_distribution(x, from_logits)
-            got = float(tree_certificate(torch.tensor(x, dtype=torch.float64), m, div, from_logits=from_logits))
-            want = ref_tree(p, m, div)
-            assert close(got, want), (x.tolist(), m, div, got, float(want))
+            for ties in ("worst", "level-set"):
+                got = float(tree_certificate(torch.tensor(x, dtype=torch.float64), m, div, from_logits=from_logits,
+                                             ties=ties))
+                want = ref_tree(p, m, div, ties)
+                assert close(got, want), (x.tolist(), m, div, ties, got, float(want))
 
 
 # -- witnesses --------------------------------------------------------------------------------------
@@ -299,7 +336,14 @@ def test_peaked_tree_witnesses(m: int, div: str) -> None:
         q = tree_witness(t, m, div, from_logits=True)
         _check_witness(x, True, q, rho, div)
         if math.isfinite(rho):
-            # m non-maximisers of p tie with or beat every maximiser of p under q
+            # worst case: for some maximiser g of p, m other tokens tie with or beat g under q
+            beaten = [int((q >= float(q[g]) * (1 - 1e-12)).sum()) - 1 for g in np.nonzero(x == x.max())[0]]
+            assert max(beaten) >= m
+        rho = float(tree_certificate(t, m, div, from_logits=True, ties="level-set"))
+        q = tree_witness(t, m, div, from_logits=True, ties="level-set")
+        _check_witness(x, True, q, rho, div)
+        if math.isfinite(rho):
+            # level-set: m non-maximisers of p tie with or beat every maximiser of p under q
             maxim = x == x.max()
             best_max = float(q[torch.tensor(maxim)].max())
             rivals = int(((q >= best_max * (1 - 1e-12)) & ~torch.tensor(maxim)).sum())
@@ -309,8 +353,11 @@ def test_peaked_tree_witnesses(m: int, div: str) -> None:
 def test_infeasible_tree_is_inf_with_nan_witness() -> None:
     p = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)  # one non-maximiser, m = 2
     for div in DIVS:
-        assert math.isinf(float(tree_certificate(p, 2, div)))
-        assert torch.isnan(tree_witness(p, 2, div)).all()
+        assert math.isinf(float(tree_certificate(p, 2, div, ties="level-set")))
+        assert torch.isnan(tree_witness(p, 2, div, ties="level-set")).all()
+        # worst case: the other maximiser competes, so two tokens can beat the decoder's one
+        want = ref_tree(exact_distribution(p.numpy(), False), 2, div)
+        assert close(float(tree_certificate(p, 2, div)), want) and math.isfinite(float(want))
 
 
 def test_reverse_tree_with_zero_competitors() -> None:
@@ -353,19 +400,35 @@ def _block_cost(vals, counts, pooled: dict[int, int], div: str):
     return -mp.log(outside + size * level), level
 
 
-def ref_blocks_level_set(blocks, spec: str, div: str):
-    vals, counts = _block_probs(blocks)
+def _blocks_rejected(vals, counts, spec: str) -> list[int]:
+    """Blocks the rule as written rejects, most likely first."""
     order = sorted(range(len(vals)), key=lambda b: -vals[b])
     c = parse_criterion(spec)
     s_desc = []
     for b in order:
         s_desc += [vals[b]] * min(counts[b], 16)
     if isinstance(c, Typical):
-        h = -mp.fsum(counts[b] * vals[b] * mp.log(vals[b]) for b in range(len(vals)))
+        h = -mp.fsum(counts[b] * vals[b] * mp.log(vals[b]) for b in range(len(vals)) if vals[b] > 0)
         tau, strict = min(mp.mpf(c.eps), mp.mpf(c.delta) * mp.exp(-h)), True
     else:
         tau, strict = threshold(s_desc, spec)
-    rej = [b for b in order if (vals[b] <= tau if strict else vals[b] < tau)]
+    return [b for b in order if (vals[b] <= tau if strict else vals[b] < tau)]
+
+
+def ref_blocks_level_set(blocks, spec: str, div: str, ties: str = "worst"):
+    vals, counts = _block_probs(blocks)
+    order = sorted(range(len(vals)), key=lambda b: -vals[b])
+    if ties == "level-set":
+        rej = _blocks_rejected(vals, counts, spec)
+    else:
+        # one token of block b perturbed against (a block of its own), every other token raised
+        rej = []
+        for b in order:
+            lowered = [v * (1 + PERTURB) for v in vals] + [vals[b] * (1 - PERTURB)]
+            sizes = [n - (i == b) for i, n in enumerate(counts)] + [1]
+            z = mp.fsum(v * n for v, n in zip(lowered, sizes))
+            if len(vals) in _blocks_rejected([v / z for v in lowered], sizes, spec):
+                rej.append(b)
     if not rej:
         return INF
     y = rej[0]  # the most likely rejected block; lift one of its tokens
@@ -380,10 +443,12 @@ def ref_blocks_level_set(blocks, spec: str, div: str):
     return best
 
 
-def ref_blocks_tree(blocks, m: int, div: str):
+def ref_blocks_tree(blocks, m: int, div: str, ties: str = "worst"):
     vals, counts = _block_probs(blocks)
     order = sorted(range(len(vals)), key=lambda b: -vals[b])
-    comp = []  # competitors p(t+1..t+m), block ids, highest first
+    # the tokens that must lose: all maximisers (level-set), or one (worst: the others compete)
+    losers = counts[order[0]] if ties == "level-set" else 1
+    comp = [order[0]] * (counts[order[0]] - losers)  # competitors, block ids, highest first
     for b in order[1:]:
         comp += [b] * counts[b]
         if len(comp) >= m:
@@ -391,7 +456,7 @@ def ref_blocks_tree(blocks, m: int, div: str):
     comp = comp[:m]
     best = INF
     for j in range(1, m + 1):
-        pooled = {order[0]: counts[order[0]]}
+        pooled = {order[0]: losers}
         for b in comp[m - j:]:
             pooled[b] = pooled.get(b, 0) + 1
         cost, level = _block_cost(vals, counts, pooled, div)
@@ -422,18 +487,19 @@ def test_large_vocab_blocks(row: int, dtype: torch.dtype) -> None:
     # float32 logits here are exact copies of the float64 ones (integers and halves); only the
     # tail sums run in float32, good to ~1e-6 of the tail.
     rtol = RTOL if dtype == torch.float64 else 1e-6
-    out = certificates(x, specs, DIVS, tree_widths=WIDTHS, from_logits=True)
-    for spec in specs:
-        for div in DIVS:
-            want = ref_blocks_level_set(blocks, spec, div)
-            got = float(out[(spec, div)])
-            assert close(got, want, rtol), (row, spec, div, got, float(want))
-            assert got <= float(want) * (1 + rtol) or want == INF
-    for m in WIDTHS:
-        for div in DIVS:
-            want = ref_blocks_tree(blocks, m, div)
-            got = float(out[(f"tree:{m}", div)])
-            assert close(got, want, rtol), (row, m, div, got, float(want))
+    for ties in ("worst", "level-set"):
+        out = certificates(x, specs, DIVS, tree_widths=WIDTHS, from_logits=True, ties=ties)
+        for spec in specs:
+            for div in DIVS:
+                want = ref_blocks_level_set(blocks, spec, div, ties)
+                got = float(out[(spec, div)])
+                assert close(got, want, rtol), (row, spec, div, ties, got, float(want))
+                assert got <= float(want) * (1 + rtol) or want == INF
+        for m in WIDTHS:
+            for div in DIVS:
+                want = ref_blocks_tree(blocks, m, div, ties)
+                got = float(out[(f"tree:{m}", div)])
+                assert close(got, want, rtol), (row, m, div, ties, got, float(want))
 
 
 # -- float32 and bfloat16 inputs ---------------------------------------------------------------------
@@ -462,7 +528,7 @@ def test_low_precision_inputs_against_upcast(dtype: torch.dtype, from_logits: bo
                 assert close(got, ref_tree(p, m, div), 1e-9)
 
 
-# -- ties: one convention ---------------------------------------------------------------------------
+# -- ties: both conventions ---------------------------------------------------------------------------
 
 @st.composite
 def tied_rows(draw):
@@ -491,25 +557,28 @@ def tied_rows(draw):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_width_one_tree_equals_strict_greedy_with_ties(row) -> None:
     t, from_logits = row
-    out = certificates(t, ["greedy"], DIVS, tree_widths=[1], from_logits=from_logits)
-    for div in DIVS:
-        assert torch.equal(out[("tree:1", div)], out[("greedy", div)]), (t, div)
-        single = tree_certificate(t, 1, div, from_logits=from_logits)
-        assert torch.equal(single, certificate(t, "greedy", div, from_logits=from_logits))
-    # and both against the reference, tie convention included
     up = t.double().numpy()
     p = exact_distribution(up, from_logits)
-    for div in DIVS:
-        want = ref_tree(p, 1, div)
-        assert close(float(out[("tree:1", div)]), want, 1e-9), (up.tolist(), div)
-        assert close(float(out[("greedy", div)]), ref_level_set(p, "greedy", div), 1e-9)
+    for ties in ("worst", "level-set"):
+        out = certificates(t, ["greedy"], DIVS, tree_widths=[1], from_logits=from_logits, ties=ties)
+        for div in DIVS:
+            assert torch.equal(out[("tree:1", div)], out[("greedy", div)]), (t, div, ties)
+            single = tree_certificate(t, 1, div, from_logits=from_logits, ties=ties)
+            assert torch.equal(single, certificate(t, "greedy", div, from_logits=from_logits, ties=ties))
+            # and both against the reference, tie convention included (worst: 0 on these tied rows)
+            want = ref_tree(p, 1, div, ties)
+            assert close(float(out[("tree:1", div)]), want, 1e-9), (up.tolist(), div, ties)
+            assert close(float(out[("greedy", div)]), ref_level_set(p, "greedy", div, ties), 1e-9)
+            if ties == "worst" and int((up == up.max()).sum()) > 1:
+                assert float(out[("greedy", div)]) == 0.0
 
 
-# -- the harvest's tree coverage follows the same convention ----------------------------------------
+# -- the harvest's verdicts follow the decoders (first index wins) ----------------------------------------
 
 def test_step_statistics_tree_coverage_with_ties() -> None:
-    """On a tied step, the drafter covers the step when its top m holds *any* maximiser of p;
-    and tree-certified implies covered."""
+    """On a tied step, the decoder's token is the first maximiser (id 3), and a tree covers the
+    step iff that token is in the drafter's id-ordered top m; tree-certified implies covered, and
+    the worst-case certificates certify nothing where the top of p is tied (width 1)."""
     from companion.harvest.stats import StepStatistics
 
     v = 50
@@ -517,24 +586,26 @@ def test_step_statistics_tree_coverage_with_ties() -> None:
     lp = torch.randn(6, v, generator=gen, dtype=torch.float64)
     lp[:, 3] = lp[:, 7] = 10.0  # two maximisers; the id-based greedy token is 3
     lq = lp.clone()
-    lq[0, 7], lq[0, 3] = 12.0, 5.0  # the drafter's top-1 is the other maximiser: covered at m = 1
-    lq[1, 7], lq[1, 3], lq[1, 11] = 11.0, 5.0, 11.5  # one non-maximiser above the best maximiser
+    lq[0, 7], lq[0, 3] = 12.0, 5.0  # the drafter's top-1 is the other maximiser: 3 comes second
+    lq[1, 7], lq[1, 3], lq[1, 11] = 11.0, 5.0, 11.5  # 3 comes third
     lq[2, 7] = lq[2, 3] = 11.0
-    lq[2, 11] = 11.0  # a non-maximiser tied with the best maximiser: worst case, it goes first
+    lq[2, 11] = 11.0  # 3 tied with 7 and 11 at the drafter's top: the lowest id goes first
     lq[3:] += 0.05 * torch.randn(3, v, generator=gen, dtype=torch.float64)
     stats = StepStatistics(["greedy"], [1, 2, 3], vocab=v, top_k=10)
     cols = stats(lp, lq)
     assert cols["token"].tolist()[:3] == [3, 3, 3]
-    assert cols["token_rank_in_draft"].tolist()[:3] == [1, 2, 2]
-    assert cols["covered[1]"].tolist()[:3] == [True, False, False]
-    assert cols["covered[2]"].tolist()[:3] == [True, True, True]
+    assert cols["token_rank_in_draft"].tolist()[:3] == [2, 3, 1]
+    assert cols["covered[1]"].tolist()[:3] == [False, False, True]
+    assert cols["covered[2]"].tolist()[:3] == [True, False, True]
+    assert cols["covered[3]"].tolist()[:3] == [True, True, True]
     for m in (1, 2, 3):
         assert not bool((cols[f"tree_certified_fwd[{m}]"] & ~cols[f"covered[{m}]"]).any())
         assert not bool((cols[f"tree_certified_rev[{m}]"] & ~cols[f"covered[{m}]"]).any())
     assert torch.equal(cols["tree_cert_fwd[1]"], cols["cert_fwd[greedy]"])
     assert torch.equal(cols["tree_cert_rev[1]"], cols["cert_rev[greedy]"])
-    # a drafter close to the target (rows 3..5) ranks a maximiser first
-    assert bool(cols["covered[1]"][3:].all())
+    assert bool((cols["cert_fwd[greedy]"] == 0).all()) and not bool(cols["certified_fwd[greedy]"].any())
+    # greedy: the draft is accepted iff it is the first maximiser
+    assert cols["accepted[greedy]"].tolist() == (cols["draft_token"] == 3).tolist()
 
 
 # -- the summary's tail: the mass beyond the top k, summed on its own scale -------------------------

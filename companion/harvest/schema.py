@@ -64,7 +64,8 @@ SCHEMA: tuple[Column, ...] = (
            "certificates recomputed from the stored top-k keep their digits (reverse ones above ~30 nats)."),
     Column("cert_fwd[{spec}]", "float64", "criterion", False,
            "rho*_c(p) for D = KL(p||q): any drafter with KL(p||q) below it has its greedy draft accepted "
-           "by criterion c; +inf when c rejects nothing."),
+           "by criterion c, whatever the tie-breaks (worst case: 0 for greedy on a top2_tie step); +inf when c "
+           "rejects nothing."),
     Column("cert_rev[{spec}]", "float64", "criterion", False, "rho*_c(p) for D = KL(q||p) (reverse)."),
     Column("tree_cert_fwd[{m}]", "float64", "width", False,
            "Exact certificate, in KL(p||q), that g is among the drafter's top-m (greedy tree of width m)."),
@@ -76,19 +77,21 @@ SCHEMA: tuple[Column, ...] = (
     Column("draft_token", "int32", "step", True, "d: the drafter's greedy token (id-based argmax of its logits)."),
     Column("draft_p", "float64", "step", True, "p_d: the target's probability of the drafter's token."),
     Column("draft_rank", "int32", "step", True,
-           "Rank of d under the target, 1-based: 1 + #{z : p_z > p_d} (ties share the best rank)."),
+           "Rank of d under the target, 1-based, exact ties to the lowest id (first index wins, as argmax): "
+           "1 + #{z : p_z > p_d} + #{z < d : p_z == p_d}."),
     Column("token_rank_in_draft", "int32", "step", True,
-           "Pessimistic rank of the target's best-placed maximiser under the drafter: 1 + #{z : p_z < p(1), "
-           "q_z >= max of q over the maximisers of p} (without a tie: 1 + #{z != g : q_z >= q_g})."),
+           "Rank of the target's greedy token g (column token) under the drafter, exact ties to the lowest id: "
+           "1 + #{z : q_z > q_g} + #{z < g : q_z == q_g}."),
     Column("accepted[{spec}]", "bool", "criterion", True,
-           "Criterion c accepts the drafter's token d: p_d >= tau_c(p) (level-set rule: on a top2_tie step strict "
-           "greedy accepts both maximisers, where an id-based check, draft_token == token, accepts one)."),
+           "A decoder accepts the drafter's token d under criterion c: p_d >= tau_c(p) (> for typical) and, for the "
+           "rank conditions, ties by token id as argmax: greedy iff draft_token == token, topm:M iff draft_rank <= M, "
+           "topk-delta:K,D iff draft_rank <= K too."),
     Column("certified_fwd[{spec}]", "bool", "criterion", True,
            "KL(p||q) < cert_fwd[c]: acceptance of d is certified. Soundness: certified implies accepted."),
     Column("certified_rev[{spec}]", "bool", "criterion", True, "KL(q||p) < cert_rev[c]."),
     Column("covered[{m}]", "bool", "width", True,
-           "A maximiser of p (g, or any token tied with it) is among the drafter's top-m whatever the "
-           "tie-breaking: token_rank_in_draft <= m (the event tree_cert_*[m] certifies)."),
+           "The target's greedy token g (column token) is among the drafter's top-m, exact ties to the lowest id: "
+           "token_rank_in_draft <= m (tree_cert_*[m] certifies it for every tie-break)."),
     Column("tree_certified_fwd[{m}]", "bool", "width", True,
            "KL(p||q) < tree_cert_fwd[m]. Soundness: tree-certified implies covered."),
     Column("tree_certified_rev[{m}]", "bool", "width", True, "KL(q||p) < tree_cert_rev[m]."),

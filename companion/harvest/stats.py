@@ -12,14 +12,19 @@ What is computed, and by whom:
   both divergences and all tree widths;
 * the drafter side: ``KL(p||q)``, ``KL(q||p)`` and ``TV(p, q)`` in float64 from one pass over
   each row (below), argmaxes and ranks by comparisons on the logits, acceptance by each
-  criterion's own ``accept_from`` against the threshold of the same summary.
+  criterion's threshold test against the threshold of the same summary, plus its rank condition.
 
-Ties follow the engine's level-set convention: every maximiser of ``p`` (every token with
-``p_z == p(1)``, the probabilities normalised as the summary normalises them) counts as the
-target's greedy token, and the drafter's ties are broken against us. So a greedy tree of width
-``m`` covers a step iff the drafter's top ``m`` holds a maximiser of ``p`` whatever its
-tie-breaking: fewer than ``m`` non-maximisers ``z`` have ``q_z >= max_{g maximiser} q_g``. The
-tree certificates are certificates of exactly this event (width 1: strict greedy's).
+Ties. The certificates are the engine's default, the worst case over tie-breaks, so that a
+certified step is accepted by every decoder that breaks exact ties in a fixed way. The verdicts
+are those of the decoders, which break ties by token id (transformers, vLLM and TensorRT-LLM take
+the target's token with ``argmax``, first index wins): ranks are
+:func:`~companion.criteria.index_rank` on the logits (``1 + #{z : l_z > l_y} + #{z < y : l_z == l_y}``,
+the order of ``torch.argmax`` and of a stable sort), strict greedy accepts the draft ``d`` iff
+``d == token`` (``draft_rank == 1``), top-m iff ``draft_rank <= m``, and a greedy tree of width
+``m`` covers a step iff ``token`` is among the drafter's id-ordered top ``m``
+(``token_rank_in_draft <= m``). A step certified (tree-certified) under the worst case is
+accepted (covered) under any fixed tie-break, this one included; ``torch.topk``'s own order among
+exact ties is unspecified (on the CPU it does not follow ids), which the worst case covers too.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ import torch
 from torch import Tensor
 
 from companion.kl_certificates import certificates
-from companion.criteria import Criterion, parse_criteria
+from companion.criteria import Criterion, index_rank, parse_criteria
 from companion.harvest.schema import column
 from companion.summary import DEFAULT_TOP, summarize
 from companion.validation import check_tree_width
@@ -67,7 +72,7 @@ class StepStatistics:
         self._ws = Workspace()
         # One summary serves the stored top-k, the thresholds and the margins.
         # It also serves the certificates (so it holds what certificates() would take itself).
-        self.k_summary = min(vocab, max([top_k, 2, DEFAULT_TOP] + [c.top_needed() + 1 for c in self.criteria]
+        self.k_summary = min(vocab, max([top_k, 2, DEFAULT_TOP] + [c.top_needed("worst") + 1 for c in self.criteria]
                                         + [m + 1 for m in self.widths]))
 
     # ------------------------------------------------------------------------------------------
@@ -112,23 +117,27 @@ class StepStatistics:
         kl_fwd, kl_rev, tv = divergences(logits_p, logits_q, self._ws)
         out["kl_fwd"], out["kl_rev"], out["tv"] = kl_fwd, kl_rev, tv
 
-        d = logits_q.argmax(-1)
+        d = logits_q.argmax(-1)  # id-based: the first maximal index
         out["draft_token"] = d
-        lp_d = logits_p.gather(1, d.unsqueeze(1))
-        # Competition rank on the logits: the same order as the probabilities, ties share the best rank.
-        out["draft_rank"] = (logits_p > lp_d).sum(1) + 1
-        n_rivals = self._rivals(logits_p, logits_q, s)
-        out["token_rank_in_draft"] = n_rivals + 1
+        # Ranks on the logits (the same order as the probabilities), exact ties to the lowest id.
+        draft_rank = index_rank(logits_p, d)
+        out["draft_rank"] = draft_rank
+        rank_in_draft = index_rank(logits_q, target_cols["token"])
+        out["token_rank_in_draft"] = rank_in_draft
 
         p_d = self._prob_of(logits_p, s, d)
         out["draft_p"] = p_d
         for c, spec in zip(self.criteria, self.specs):
             tau = c.threshold_from_summary(s)
-            out[column("accepted", spec)] = c.accept_from(p_d, tau)
+            accepted = c.accept_from(p_d, tau)
+            limit = c.index_rank_limit()
+            if limit is not None:
+                accepted = accepted & (draft_rank <= limit)
+            out[column("accepted", spec)] = accepted
             for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
                 out[column("certified", spec, d)] = kl < target_cols[column("cert", spec, d)]
         for m in self.widths:
-            out[column("covered", m)] = n_rivals < m
+            out[column("covered", m)] = rank_in_draft <= m
             for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
                 out[column("tree_certified", m, d)] = kl < target_cols[column("tree_cert", m, d)]
         return out
@@ -140,29 +149,6 @@ class StepStatistics:
             out.update(self.drafter(logits_p, logits_q, out))
         del out["_summary"]
         return out
-
-    @staticmethod
-    def _rivals(logits_p: Tensor, logits_q: Tensor, s) -> Tensor:
-        """``#{z non-maximiser of p : q_z >= max_{g maximiser of p} q_g}`` per row.
-
-        The maximisers are the summary's values equal to ``p(1)`` (the engine's ties); rows where
-        all ``K`` values tie read them from the full row instead (logits equal to the largest).
-        Without a tie this is ``#{z != g : q_z >= q_g}`` for the greedy token ``g``.
-        """
-        top_q = logits_q.gather(1, s.indices)
-        is_max = s.values == s.values[:, :1]
-        best = torch.where(is_max, top_q, torch.full_like(top_q, -torch.inf)).amax(1, keepdim=True)
-        n_beat = (logits_q >= best).sum(1)
-        n_max_beat = (is_max & (top_q >= best)).sum(1)
-        wide = is_max.all(1)
-        if bool(wide.any()):
-            idx = torch.nonzero(wide).squeeze(1)
-            lp, lq = logits_p.index_select(0, idx), logits_q.index_select(0, idx)
-            full_max = lp == lp.amax(1, keepdim=True)
-            best_w = torch.where(full_max, lq, torch.full_like(lq, -torch.inf)).amax(1, keepdim=True)
-            n_max_beat = n_max_beat.index_copy(0, idx, (full_max & (lq >= best_w)).sum(1))
-            n_beat = n_beat.index_copy(0, idx, (lq >= best_w).sum(1))
-        return n_beat - n_max_beat
 
     @staticmethod
     def _prob_of(logits_p: Tensor, s, tok: Tensor) -> Tensor:
