@@ -33,18 +33,21 @@ accepted from ``t``; the curve is its mean over every step of every trajectory
 (:func:`companion.runs.certified_run_lengths`).
 
 *Acceptance, certification, soundness, tightness* (:func:`acceptance_table`,
-:func:`soundness`, :func:`tightness_by_bin`). ``accepted_c(t)``: criterion ``c`` accepts the
-drafter's greedy token ``d_t`` (``p_t(d_t) >= tau_c(p_t)``). ``certified_c(t)``:
-``kl(t) < rho_c(t)``. Soundness: no step has ``certified_c(t)`` and not ``accepted_c(t)``.
+:func:`soundness`, :func:`tightness_by_bin`). ``accepted_c(t)``: a decoder accepts the
+drafter's greedy token ``d_t`` under ``c``: ``p_t(d_t) >= tau_c(p_t)`` and, for the rank
+conditions (greedy, top-m, top-k-delta), ``draft_rank <= m`` with exact ties going to the lowest
+id, as ``argmax`` breaks them (:meth:`~companion.criteria.Criterion.decoder_accepts`).
+``certified_c(t)``: ``kl(t) < rho_c(t)``, the certificates being the worst case over tie-breaks. Soundness: no step has ``certified_c(t)`` and not ``accepted_c(t)``.
 Tightness: the share of accepted steps that are certified,
 ``#{t : certified_c(t) and accepted_c(t)} / #{t : accepted_c(t)}`` (per margin bin or overall);
 1 means the certificate explains every acceptance, 0 none.
 
 *Tree coverage* (:func:`tree_coverage`). A greedy tree of width ``m`` drafts the drafter's top
-``m`` tokens; it covers step ``t`` when the target's greedy token ``g_t`` is among them whatever
-the tie-breaking (``token_rank_in_draft <= m``), and the step is tree-certified when
-``kl(t) < rho_tree,m(t)``. Widths the harvest did not store get their certificate from the
-stored top-64 target probabilities (the tree certificate only depends on ``p(1..m+1)``).
+``m`` tokens; it covers step ``t`` when the target's greedy token ``g_t`` (first index wins) is
+among them, exact ties in the drafter going to the lowest id (``token_rank_in_draft <= m``), and
+the step is tree-certified when ``kl(t) < rho_tree,m(t)`` (worst case over tie-breaks, so
+certified implies covered). Widths the harvest did not store get their certificate from the
+stored top-64 target probabilities (the worst-case tree certificate only depends on ``p(1..m+1)``).
 
 *Accepted length per round* (:func:`accepted_length_per_round`). A round drafts ``K`` tokens
 greedily and the verifier keeps the longest accepted prefix. Along the trajectories of the
@@ -524,16 +527,17 @@ def run_length_curves(traces: Traces, eps: Sequence[float] = tuple(EPS_GRID), cr
 
 
 def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = "forward",
-                               tail: np.ndarray | None = None) -> np.ndarray:
+                               tail: np.ndarray | None = None, ties: str = "worst") -> np.ndarray:
     """``rho_tree,m`` from the target's sorted top probabilities ``[N, k]``.
 
-    The width-``m`` certificate pools the ``t`` tied maximisers with the lowest of the
-    competitors ``p(t+1..t+m)`` (chapter 5), so the top ``t + m`` probabilities determine it;
+    The worst-case width-``m`` certificate (``ties="worst"``, the harvest's) pools ``p(1)`` with
+    the lowest of the competitors ``p(2..m+1)``, so the top ``m + 1`` probabilities determine it
+    (``"level-set"``: the ``t`` tied maximisers with the lowest of ``p(t+1..t+m)``, chapter 5);
     this calls the engine's :func:`companion.kl_certificates.tree_cost` on every stored value,
     which is what the harvest does on its full summary (equal bit for bit on the stored widths;
     tested). ``tail``: the mass beyond the stored values (the ``top_tail`` column); without it,
     ``1 - sum`` stands in, which loses the digits of reverse certificates above ~30 nats.
-    Rows whose ``t + m`` exceeds the stored ``k`` get NaN.
+    Level-set rows whose ``t + m`` exceeds the stored ``k`` get NaN.
     """
     top = np.asarray(top_probs, dtype=np.float64)
     if top.ndim != 2 or top.shape[1] < m + 1:
@@ -544,12 +548,13 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
         return np.zeros(0)
     tail_t = None if tail is None else torch.tensor(np.asarray(tail, dtype=np.float64))
     div = "forward" if short_divergence(divergence) == "fwd" else "reverse"
-    cost, _ = tree_cost(torch.tensor(top), m, div, tail=tail_t)
+    cost, _ = tree_cost(torch.tensor(top), m, div, tail=tail_t, ties=ties)
     return cost.numpy()
 
 
 def thresholds_from_top(traces: Traces, criterion: str) -> np.ndarray:
-    """``tau_c(p_t)`` per step from the stored top-k and entropy, by the criterion's own rule."""
+    """``tau_c(p_t)`` per step from the stored top-k and entropy, by the criterion's own rule (level set:
+    the threshold test a decoder applies; its rank condition is :func:`soundness`'s ``draft_rank``)."""
     c = parse_criterion(criterion)
     top = torch.tensor(traces.column("top_probs"), dtype=torch.float64)
     if c.top_needed() > top.shape[1]:
@@ -616,7 +621,8 @@ def soundness(traces: Traces, tree_widths: Sequence[int] = tuple(range(1, 9))) -
 
     Nothing is taken from the stored flags: ``certified`` is recomputed as ``kl < rho``,
     ``accepted`` as ``p_t(d_t) >= tau_c(p_t)`` (``>`` for typical) from the stored top-k
-    (:func:`thresholds_from_top`), ``covered`` as ``token_rank_in_draft <= m``, in both
+    (:func:`thresholds_from_top`) and, for the rank conditions, ``draft_rank <= m`` (the
+    decoders' rule, exact ties to the lowest id), ``covered`` as ``token_rank_in_draft <= m``, in both
     divergences. Where the harvest stored the flag itself, the recomputation must agree with
     it; disagreements are counted in ``flag_mismatches`` (they would mean the columns are
     inconsistent).
@@ -629,6 +635,9 @@ def soundness(traces: Traces, tree_widths: Sequence[int] = tuple(range(1, 9))) -
         tau = thresholds_from_top(traces, c)
         crit = parse_criterion(c)
         acc = crit.accept_from(torch.tensor(draft_p, dtype=torch.float64), torch.tensor(tau)).numpy()
+        limit = crit.index_rank_limit()
+        if limit is not None:
+            acc = acc & (traces.column("draft_rank") <= limit)
         mismatches[column_name("accepted", c)] = int((acc != traces.column(column_name("accepted", c)).astype(bool)).sum())
         for div in ("fwd", "rev"):
             cert = traces.kl(div) < traces.cert(c, div)
