@@ -99,3 +99,68 @@ def test_throwaway_projects_list_every_page_of_the_real_book(make_project) -> No
     project = make_project("01_x")
     theirs = set(files(yaml.safe_load((project / "_toc.yml").read_text()))) | {"book/intro"}
     assert real <= theirs | {"book/intro"}, f"add to tests/conftest.py make_project: {sorted(real - theirs)}"
+
+
+def test_captioned_figure_becomes_a_numbered_figure_directive(tmp_path) -> None:
+    from companion.book.stage import caption_figures
+
+    text = nbformat.v4.new_output("display_data", data={"text/markdown": "| a table |"})
+    captioned = _cell_with([text, _marker("exp_a"), _image()])
+    captioned.metadata["mystnb"] = {"figure": {"caption": "What is drawn.", "name": "fig-exp-a"}}
+    plain = _cell_with([_marker("exp_b"), _image()])
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [captioned, plain]
+    path = tmp_path / "ch.ipynb"
+    nbformat.write(nb, path)
+    assert caption_figures(path, {"exp_a", "exp_b"}, "Drawn by run X.") == 1
+    cells = nbformat.read(path, as_version=4).cells
+    assert [c.cell_type for c in cells] == ["code", "markdown", "code"]
+    # the code cell keeps its other outputs, loses the image and the caption metadata
+    assert [o.data.get("text/markdown") for o in cells[0].outputs] == ["| a table |"]
+    assert "mystnb" not in cells[0].metadata
+    figure = cells[1].source
+    assert figure.startswith("```{figure} ../figures/exp_a.png\n:name: fig-exp-a\n")
+    assert "What is drawn. Drawn by run X." in figure and "exp_a.pdf <../figures/exp_a.pdf>" in figure
+    # a figure without a caption is left to link_figures, as before
+    assert [("image/png" in o.data) for o in cells[2].outputs] == [False, True]
+
+
+def test_caption_from_the_source_notebook_wins(tmp_path) -> None:
+    from companion.book.stage import caption_figures
+
+    executed = _cell_with([_marker("exp_a"), _image()])
+    executed["id"] = "fig-cell"
+    source = nbformat.v4.new_code_cell("fig")
+    source["id"] = "fig-cell"
+    source.metadata["mystnb"] = {"figure": {"caption": "Edited caption.", "name": "fig-a"}}
+    for name, cells in (("run.ipynb", [executed]), ("src.ipynb", [source])):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = cells
+        nbformat.write(nb, tmp_path / name)
+    assert caption_figures(tmp_path / "run.ipynb", {"exp_a"}, "", source=tmp_path / "src.ipynb") == 1
+    assert "Edited caption." in nbformat.read(tmp_path / "run.ipynb", as_version=4).cells[1].source
+
+
+def test_offline_build_shows_no_placeholder_repository(tmp_path) -> None:
+    from companion.book.stage import PLACEHOLDER_URL, repository_url, resolve_repository
+
+    page = tmp_path / "intro.md"
+    body = f"@software{{companion,\n  title = {{x}},\n  url     = {{{PLACEHOLDER_URL}}},\n}}\n"
+    config = tmp_path / "_config.yml"
+    config.write_text(f"repository:\n  url: {PLACEHOLDER_URL}\n", encoding="utf-8")
+    assert repository_url(config) is None
+    page.write_text(body, encoding="utf-8")
+    resolve_repository(tmp_path, repository_url(config))
+    assert "OWNER" not in page.read_text(encoding="utf-8") and "title = {x}" in page.read_text(encoding="utf-8")
+    config.write_text("repository:\n  url: https://github.com/someone/companion\n", encoding="utf-8")
+    page.write_text(body, encoding="utf-8")
+    resolve_repository(tmp_path, repository_url(config))
+    assert "url     = {https://github.com/someone/companion}," in page.read_text(encoding="utf-8")
+
+
+def test_partial_builds_drop_chapter_numbering() -> None:
+    from companion.book.stage import without_numbering
+
+    toc = {"root": "intro", "parts": [{"caption": "Theory", "numbered": True, "chapters": [{"file": "a"}]}]}
+    assert without_numbering(toc) == {"root": "intro", "parts": [{"caption": "Theory", "chapters": [{"file": "a"}]}]}
+    assert toc["parts"][0]["numbered"] is True  # the original is left alone

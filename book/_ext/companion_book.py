@@ -1,11 +1,21 @@
 """Sphinx settings for the companion book that ``_config.yml`` cannot express."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+STATIC = Path(__file__).parent / "static"
+
+
+def _add_static(app: Any) -> None:
+    app.config.html_static_path.append(str(STATIC))
 
 
 def setup(app: Any) -> dict[str, Any]:
     # Chapter titles contain math and appear in every page's navigation, so MathJax must be
     # loaded on every page, not only on pages whose body has an equation.
     app.set_html_assets_policy("always")
+    # companion.css: tables wrap inside the text column (no horizontal overflow at 1280 px).
+    app.connect("builder-inited", _add_static)
+    app.add_css_file("companion.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -27,6 +27,71 @@ from companion.book.toc import filter_toc, read_chapters, read_toc
 STATUS_MARKER = "% companion-run-record"
 
 
+def run_note(run: Any) -> str:
+    """Which run drew a chapter's figures, for their captions."""
+    if run is None:
+        return "Drawn by this chapter's run."
+    when = str(run.started)[:16].replace("T", " ")
+    return (f"Drawn by this chapter's run of {when} UTC on the `{run.profile}` profile ({run.device_name}); "
+            f"its parameters are on the [reproduction status page](../book/reproduction_status.md).")
+
+
+def caption_figures(path: Path, available: set[str], note: str, source: Path | None = None) -> int:
+    """Number and caption the figures of a staged notebook.
+
+    A code cell that saves a figure (its output holds the ``save_figure`` marker) and carries
+    ``{"mystnb": {"figure": {"caption": ..., "name": ...}}}`` in its metadata keeps its source
+    and its other outputs; its image output is replaced by a Markdown cell after it holding a
+    ``{figure}`` directive on the staged ``figures/NAME.png``, with the caption, ``note`` (which
+    run drew it) and the PNG and PDF download links. Sphinx numbers such figures. The metadata
+    is removed, so that myst-nb does not wrap the cell's other outputs in figures as well.
+    With ``source`` (the chapter's source notebook), a caption there, matched by cell id, wins
+    over the executed copy's, so that captions can be edited without rerunning the chapter.
+    Returns how many figures were captioned.
+    """
+    import nbformat
+
+    from companion.figures import FIGURE_MARKER
+
+    nb = nbformat.read(path, as_version=4)
+    if source is not None and Path(source).is_file():
+        captions = {c.get("id"): c.metadata["mystnb"]["figure"]
+                    for c in nbformat.read(source, as_version=4).cells
+                    if c.get("id") and c.get("metadata", {}).get("mystnb", {}).get("figure")}
+        for cell in nb.cells:
+            if cell.get("id") in captions:
+                cell.metadata.setdefault("mystnb", {})["figure"] = captions[cell["id"]]
+    cells, done = [], 0
+    for cell in nb.cells:
+        cells.append(cell)
+        options = cell.get("metadata", {}).get("mystnb", {}).get("figure") if cell.cell_type == "code" else None
+        if not options:
+            continue
+        del cell.metadata["mystnb"]["figure"]
+        if not cell.metadata["mystnb"]:
+            del cell.metadata["mystnb"]
+        names = [m.group(1) for out in cell.get("outputs", [])
+                 if out.get("output_type") == "display_data"
+                 for m in [FIGURE_MARKER.match(str(out.get("data", {}).get("text/markdown", "")).strip())] if m]
+        names = [n for n in names if n in available]
+        if len(names) != 1:
+            continue   # no staged figure file (or several): the inline image stays, uncaptioned
+        name = names[0]
+        cell["outputs"] = [out for out in cell.get("outputs", [])
+                           if "image/png" not in out.get("data", {})
+                           and not FIGURE_MARKER.match(str(out.get("data", {}).get("text/markdown", "")).strip())]
+        label = options.get("name") or f"fig-{name}"
+        caption = " ".join(str(options["caption"]).split())
+        cells.append(nbformat.v4.new_markdown_cell(
+            f"```{{figure}} ../figures/{name}.png\n:name: {label}\n:width: 100%\n\n"
+            f"{caption} {note} Download: {{download}}`{name}.png <../figures/{name}.png>` · "
+            f"{{download}}`{name}.pdf <../figures/{name}.pdf>`\n```"))
+        done += 1
+    nb.cells = cells
+    nbformat.write(nb, path)
+    return done
+
+
 def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
     """Lay out the book sources in ``stage``: config, pages, executed notebooks, figures, and the
     generated status and API pages. Returns a summary (chapters staged and missing)."""
@@ -47,7 +112,12 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         else:
             missing.append(chapter)
     unlink_chapters(stage / "book", {c.name for c in staged})
+    resolve_repository(stage / "book", repository_url(root / "_config.yml"))
     toc = filter_toc(read_toc(root), {c.toc_file for c in staged})
+    if missing:
+        # Sphinx numbers the chapters it is given: with some left out, chapter 10 would read "4."
+        toc = without_numbering(toc)
+        log(f"book: chapters are not numbered in a partial build ({len(missing)} chapter(s) left out)")
     (stage / "_toc.yml").write_text(yaml_module().safe_dump(toc, sort_keys=False), encoding="utf-8")
 
     figures = []
@@ -62,8 +132,9 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
 
     for chapter in staged:
         staged_nb = stage / NOTEBOOK_DIR / f"{chapter.name}.ipynb"
-        link_figures(staged_nb, set(figures))
         run = record.chapters.get(chapter.name)
+        caption_figures(staged_nb, set(figures), run_note(run), source=chapter.path)
+        link_figures(staged_nb, set(figures))
         present_parameters(staged_nb, chapter.path, run.profile if run else None)
 
     status_page = stage / "book" / "reproduction_status.md"
@@ -89,6 +160,40 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         api_page.write_text(API_MARKER.sub(lambda m: render_api_section(m.group(1), *probed[m.group(1)]), text),
                             encoding="utf-8")
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
+
+
+PLACEHOLDER_URL = "https://github.com/OWNER/companion"
+
+
+def without_numbering(node: Any) -> Any:
+    """A copy of a toc with every ``numbered`` key removed."""
+    if isinstance(node, list):
+        return [without_numbering(x) for x in node]
+    if isinstance(node, dict):
+        return {k: without_numbering(v) for k, v in node.items() if k != "numbered"}
+    return node
+
+
+def repository_url(config: Path) -> str | None:
+    """The repository URL of ``_config.yml``, or None while it is still the placeholder (offline builds)."""
+    data = yaml_module().safe_load(config.read_text(encoding="utf-8")) or {}
+    url = str((data.get("repository") or {}).get("url") or "").rstrip("/")
+    return None if not url or url == PLACEHOLDER_URL or "/OWNER/" in url else url
+
+
+def resolve_repository(pages: Path, url: str | None) -> None:
+    """In the book's Markdown pages, the placeholder repository URL becomes ``url`` (the published
+    build, whose workflow sets it in ``_config.yml``); in an offline build (``url`` None) every
+    line holding it is dropped, so that no page shows a placeholder."""
+    for page in pages.rglob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        if PLACEHOLDER_URL not in text:
+            continue
+        if url is not None:
+            new = text.replace(PLACEHOLDER_URL, url)
+        else:
+            new = "".join(line for line in text.splitlines(keepends=True) if PLACEHOLDER_URL not in line)
+        page.write_text(new, encoding="utf-8")
 
 
 def unlink_chapters(pages: Path, staged: set[str]) -> None:
@@ -149,7 +254,7 @@ def present_parameters(path: Path, source: Path, profile: str | None) -> bool:
         rows.append(f"| `{name}` | `{cell(value)}`{changed} | `{cell(param.source)}` | {cell(param.comment)} |")
     where = f" (profile `{profile}`)" if profile else ""
     box = nbformat.v4.new_markdown_cell(
-        f":::{{admonition}} Parameters of this run{where}\n:class: note\n\n" + "\n".join(rows)
+        f":::{{admonition}} Parameters of this run{where}\n:class: note companion-parameters\n\n" + "\n".join(rows)
         + "\n\nRerun the chapter with other values: `companion reproduce --only NAME -p PARAMETER VALUE`.\n:::\n")
     box.id = "parameters-of-this-run"
     for c in nb.cells:
