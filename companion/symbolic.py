@@ -53,6 +53,9 @@ __all__ = [
     "speculative_sampling_cases",
     "kl_chain_rule",
     "swap_example",
+    "kl_vector",
+    "capacitory_discrimination",
+    "triangular_discrimination",
 ]
 
 # Shared symbols. Probabilities are positive reals; sympy uses the assumptions to simplify logs.
@@ -243,6 +246,23 @@ def greedy_forward(s: sp.Expr, delta: sp.Expr) -> sp.Expr:
     """Strict greedy forward certificate in ``s = p(1)+p(2)``, ``Delta = p(1)-p(2)``:
     ``s [log 2 - h(p(1)/s)]`` with ``p(1) = (s + Delta)/2``."""
     return s * (sp.log(2) - binary_entropy((s + delta) / (2 * s)))
+
+
+def kl_vector(P: sp.Matrix | list, Q: sp.Matrix | list) -> sp.Expr:
+    """``KL(P||Q) = sum_i P_i log(P_i / Q_i)`` of two finite distributions given as lists."""
+    return sum(a * sp.log(a / b) for a, b in zip(list(P), list(Q)))
+
+
+def capacitory_discrimination(P: sp.Matrix | list, Q: sp.Matrix | list) -> sp.Expr:
+    """Capacitory discrimination ``C(P, Q) = KL(P||M) + KL(Q||M)`` with ``M = (P + Q)/2``
+    (twice the Jensen-Shannon divergence); the name is Topsoe's (IEEE Trans. Inf. Theory 46(4), 2000)."""
+    M = [(a + b) / 2 for a, b in zip(list(P), list(Q))]
+    return kl_vector(P, M) + kl_vector(Q, M)
+
+
+def triangular_discrimination(P: sp.Matrix | list, Q: sp.Matrix | list) -> sp.Expr:
+    """Triangular discrimination ``sum_i (P_i - Q_i)**2 / (P_i + Q_i)``."""
+    return sum((a - b) ** 2 / (a + b) for a, b in zip(list(P), list(Q)))
 
 
 def greedy_reverse(p1: sp.Expr, p2: sp.Expr) -> sp.Expr:

@@ -524,3 +524,27 @@ def test_swap_example_against_library():
         if e < 0.01:
             gap = float(ex["pinsker"].subs(eta, sp.Float(e, 40))) - (1 - 2 * e)
             assert gap == pytest.approx(-4 / 3 * e**3, rel=1e-3)
+
+
+# --- Topsoe's discriminations (chapter 3) ------------------------------------------------------
+
+def test_capacitory_and_triangular_discrimination_match_numerics() -> None:
+    import math
+
+    P, Q = [0.7, 0.2, 0.1], [0.1, 0.3, 0.6]
+    M = [(a + b) / 2 for a, b in zip(P, Q)]
+    kl = lambda x, y: sum(a * math.log(a / b) for a, b in zip(x, y))  # noqa: E731
+    assert math.isclose(float(S.capacitory_discrimination(P, Q)), kl(P, M) + kl(Q, M), rel_tol=1e-12)
+    tri = sum((a - b) ** 2 / (a + b) for a, b in zip(P, Q))
+    assert math.isclose(float(S.triangular_discrimination(P, Q)), tri, rel_tol=1e-12)
+    # Topsoe's inequality Delta_tri/2 <= C <= (ln 2) Delta_tri on this pair
+    c = float(S.capacitory_discrimination(P, Q))
+    assert tri / 2 <= c <= math.log(2) * tri, (tri, c)
+
+
+def test_greedy_certificate_is_half_s_times_the_capacitory_discrimination_of_the_swapped_pair() -> None:
+    p1, p2 = sp.symbols("p_1 p_2", positive=True)
+    s = p1 + p2
+    P, Q = [p1 / s, p2 / s], [p2 / s, p1 / s]
+    assert S.identical(s / 2 * S.capacitory_discrimination(P, Q), S.two_point_forward(p1, p2))
+    assert sp.simplify(S.triangular_discrimination(P, Q) - 2 * (p1 - p2) ** 2 / s**2) == 0
