@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor
 
-from companion.kl_certificates import accepted_count, xlogx_minus_x_plus_1
+from companion.kl_certificates import ROUND_DOWN, accepted_count, pooled_cost
 from companion.criteria import Criterion, check_ties, parse_criterion
 from companion.summary import summarize
 from companion.validation import check_divergence, check_tree_width
@@ -52,9 +52,12 @@ def pair_cost(a: Tensor, b: Tensor, divergence: str = "forward") -> Tensor:
     check_divergence(divergence)
     a, b = _as_tensor(a), _as_tensor(b)
     if divergence == "forward":
-        # sum_i L g(p_i / L) with g(x) = x log x - x + 1: no cancellation near a tie.
-        mean = (a + b) / 2
-        return mean * (xlogx_minus_x_plus_1(a / mean) + xlogx_minus_x_plus_1(b / mean))
+        # The engine's pooled cost of the pair (deviations from the level without cancellation,
+        # rounded down): equal bit for bit to a strict-greedy certificate pooling the same two.
+        a, b = torch.broadcast_tensors(a, b)
+        vals = torch.stack([a.reshape(-1), b.reshape(-1)], dim=1)
+        pool = torch.ones_like(vals, dtype=torch.bool)
+        return pooled_cost(vals, torch.log(vals), pool, None, "forward").reshape(a.shape)
     return -torch.log1p(-((a.sqrt() - b.sqrt()) ** 2))
 
 
@@ -90,7 +93,9 @@ def margin_quadratic_bound(p: Tensor, criterion: Criterion | str, *, from_logits
     ``y*`` of the tie convention ``ties``, default ``"worst"``)."""
     c = parse_criterion(criterion)
     top, star, nonempty = _top_and_boundary(p, c, from_logits, ties)
-    bound = (top - star) ** 2 / (2 * (top + star))
+    # Rounded down (a lower bound stays one) by more than the certificate's own ROUND_DOWN, so that
+    # at near ties, where the two agree to O(Delta^2/s^2), it never exceeds the computed certificate.
+    bound = (top - star) ** 2 / (2 * (top + star)) * (1 - 4 * ROUND_DOWN)
     return torch.where(nonempty, bound, torch.full_like(bound, torch.inf))
 
 

@@ -103,6 +103,10 @@ from companion.summary import (
 from companion.validation import check_distribution_tensor, check_divergence, check_token, check_tree_width
 
 _SERIES_CUTOFF = 1e-2
+# Forward pooled costs are multiplied by 1 - ROUND_DOWN: their float64 evaluation is good to about
+# 1e-15 relative, so the result never exceeds the exact cost of the float64 inputs.
+ROUND_DOWN = 8e-15
+_DEVIATION_SERIES_CUTOFF = 0.1
 # Above this reverse excess e = P_A - |A| G_A, 1 - e is evaluated as T_A + |A| G_A (log space).
 _LARGE_EXCESS = 0.5
 
@@ -114,6 +118,21 @@ def xlogx_minus_x_plus_1(x: Tensor) -> Tensor:
     series = u * u * (0.5 - u * (1 / 6 - u * (1 / 12 - u * (1 / 20 - u * (1 / 30 - u * (1 / 42 - u / 56))))))
     direct = torch.xlogy(x, x) - x + 1
     return torch.where(u.abs() < _SERIES_CUTOFF, series, direct)
+
+
+def one_plus_u_log1p_u_minus_u(u: Tensor) -> Tensor:
+    """``g(1 + u) = (1 + u) log(1 + u) - u`` for ``u >= -1`` (``g(0) = 1`` at ``u = -1``), from ``u``
+    itself: its series for ``|u| < 0.1`` (relative error ~1e-16 however small ``u`` is), else with
+    ``log1p`` (relative error below 2e-15). Unlike :func:`xlogx_minus_x_plus_1`, no ``x = 1 + u`` is formed, so a ``u`` known
+    to full relative precision (a deviation from a level computed without cancellation) keeps it."""
+    # sum_{n>=2} (-1)^n u^n / (n (n-1)) to n = 17: truncation < |u|^18 / 306, below 1e-16 of the
+    # value for |u| < 0.1; beyond, (1 + u) log1p(u) - u loses at most ~2e-16 / |u| <= 2e-15.
+    series = u * u * (1 / 2 + u * (-1 / 6 + u * (1 / 12 + u * (-1 / 20 + u * (1 / 30 + u * (-1 / 42 + u * (
+        1 / 56 + u * (-1 / 72 + u * (1 / 90 + u * (-1 / 110 + u * (1 / 132 + u * (-1 / 156 + u * (
+            1 / 182 + u * (-1 / 210 + u * (1 / 240 + u * (-1 / 272))))))))))))))))
+    safe = u.clamp(min=-1.0)
+    direct = torch.where(safe <= -1, torch.ones_like(u), (1 + safe) * torch.log1p(safe) - safe)
+    return torch.where(u.abs() < _DEVIATION_SERIES_CUTOFF, series, direct)
 
 
 def expm1_minus_x(d: Tensor) -> Tensor:
@@ -166,7 +185,12 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     ``pool``: bool ``[N, C]``, non-empty in every row; ``outside``: ``[N]`` the probability
     mass ``T_A`` of every token not in the pool, summed without cancellation (reverse only).
 
-    * forward: ``L = mean_A p``, ``C = sum_A p_i log(p_i / L) = L sum_A g(p_i / L)``;
+    * forward: ``L = mean_A p``, ``C = sum_A p_i log(p_i / L) = L sum_A g(1 + u_i)`` with
+      ``u_i = (p_i - L) / L`` and ``g(1 + u) = (1 + u) log(1 + u) - u``. The deviations are taken
+      without cancellation, ``p_i - L = (p_i - a) - mean_A (p_j - a)`` from the first pooled value
+      ``a`` (differences of nearby floats are exact), so a near tie of relative gap ``delta``
+      costs no digits (where ``p_i / L`` would lose ``1e-16 / delta`` of them); the result is
+      rounded down by a relative ``ROUND_DOWN`` so that it never exceeds the exact value;
     * reverse: ``log G = mean_A log p``, ``e = P_A - |A| G = G sum_A h(log p_i - log G)``,
       ``C = -log1p(-e)`` for ``e < 1/2``, else ``C = -log(T_A + |A| G)`` evaluated as
       ``-logaddexp(log T_A, log |A| + log G)``. A pooled zero makes ``G = 0`` and ``C = -log T_A``
@@ -176,8 +200,11 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     count = pool.sum(1).to(vals.dtype)
     if divergence == "forward":
         level = torch.where(pool, vals, zero).sum(1) / count
-        terms = xlogx_minus_x_plus_1(vals / level.unsqueeze(1))
-        return level * torch.where(pool, terms, zero).sum(1)
+        anchor = vals.gather(1, pool.to(torch.int8).argmax(1, keepdim=True))  # the first pooled value
+        diff = torch.where(pool, vals - anchor, zero)
+        dev = diff - (diff.sum(1) / count).unsqueeze(1)  # p_i - L
+        terms = one_plus_u_log1p_u_minus_u(dev / level.unsqueeze(1))
+        return level * torch.where(pool, terms, zero).sum(1) * (1 - ROUND_DOWN)
     mean_log = torch.where(pool, logs, zero).sum(1) / count
     finite = torch.isfinite(mean_log)
     safe = torch.where(finite, mean_log, torch.zeros_like(mean_log))

@@ -35,13 +35,40 @@ def _tau(p: np.ndarray, s: np.ndarray, c) -> float:
     raise TypeError(c)
 
 
-def reference(p: np.ndarray, spec: str, divergence: str) -> float:
-    """The pooled scan, literally: sort, find y*, grow the pool from the top while the next
-    token exceeds the pool's mean (arithmetic or geometric), then evaluate in 40 digits."""
+def _level_rejects(p: np.ndarray, y: int, c) -> bool:
+    """The rule as written rejects token ``y`` of ``p`` (top 11 by a partition, entropy in full)."""
+    top = -np.sort(np.partition(-p, 11)[:12])
+    tau = _tau(p, top, c)
+    return bool(p[y] <= tau) if c.strict else bool(p[y] < tau)
+
+
+def _worst_count(p: np.ndarray, order: np.ndarray, r: int, c) -> int:
+    """How many of the top ``r`` (the tokens the rule as written accepts) stay accepted under the
+    perturbation most unfavourable to each: its probability lowered, every other raised, by a
+    relative 1e-9 (far below every gap that is not an exact tie). Accepted sets are prefixes of
+    the sorted row, so the scan runs up from position ``r - 1`` to the first that stays accepted."""
+    while r > 0:
+        y = int(order[r - 1])
+        q = p * (1 + 1e-9)
+        q[y] = p[y] * (1 - 1e-9)
+        if not _level_rejects(q / q.sum(), y, c):
+            break
+        r -= 1
+    return r
+
+
+def reference(p: np.ndarray, spec: str, divergence: str, ties: str = "worst") -> float:
+    """The pooled scan, literally: sort, find y* (of the rule as written, or, ``ties="worst"``, of
+    the rule under the most unfavourable tie-breaks and roundings), grow the pool from the top
+    while the next token exceeds the pool's mean (arithmetic or geometric), then evaluate in 40
+    digits."""
     c = parse_criterion(spec)
-    s = np.sort(p)[::-1]
+    order = np.argsort(-p, kind="stable")
+    s = p[order]
     tau = _tau(p, s, c)
     r = int((s > tau).sum() if c.strict else (s >= tau).sum())
+    if ties == "worst":
+        r = _worst_count(p, order, r, c)
     if r == len(s):
         return math.inf
     pool = [mpmath.mpf(s[r])]
@@ -76,12 +103,12 @@ def _rows(seed: int = 0) -> torch.Tensor:
     return logits
 
 
-def _check(rows_p64: np.ndarray, ours: dict, specs=SPECS) -> None:
+def _check(rows_p64: np.ndarray, ours: dict, specs=SPECS, ties: str = "worst") -> None:
     for spec in specs:
         for div in ("forward", "reverse"):
             got = ours[(spec, div)].numpy()
             for i, p in enumerate(rows_p64):
-                want = reference(p, spec, div)
+                want = reference(p, spec, div, ties)
                 if math.isinf(want):
                     assert math.isinf(got[i]), (spec, div, i, got[i])
                 else:
@@ -93,10 +120,10 @@ def _check(rows_p64: np.ndarray, ours: dict, specs=SPECS) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_probabilities_large_vocab(dtype: torch.dtype) -> None:
     p = torch.softmax(_rows(), -1).to(dtype)
-    ours = certificates(p, SPECS, ("forward", "reverse"))
     p64 = p.double()
     p64 = (p64 / p64.sum(-1, keepdim=True)).numpy()
-    _check(p64, ours)
+    for ties in ("worst", "level-set"):
+        _check(p64, certificates(p, SPECS, ("forward", "reverse"), ties=ties), ties=ties)
 
 
 @pytest.mark.slow
@@ -106,26 +133,34 @@ def test_logits_large_vocab(dtype: torch.dtype) -> None:
     ours = certificates(logits, SPECS, ("forward", "reverse"), from_logits=True)
     p64 = torch.softmax(logits.double(), -1).numpy()
     _check(p64, ours)
+    _check(p64, certificates(logits, SPECS, ("forward", "reverse"), from_logits=True, ties="level-set"),
+           ties="level-set")
     for out in ours.values():
         assert out.dtype == torch.float64 and out.shape == (6,)
 
 
 @pytest.mark.slow
 def test_bf16_ties_are_exact() -> None:
-    """bf16 rounding creates exact ties at the top; both maximisers are accepted (level-set
-    convention), so strict greedy and the width-1 tree both price lifting the third token:
+    """bf16 rounding creates exact ties at the top. Worst case (default): the decoder takes one of
+    the two maximisers and the other already ties with it, so strict greedy and the width-1 tree
+    certify nothing (0), and width 2 prices lifting the third token to the decoder's. Level-set:
+    both maximisers are accepted, so greedy and the width-1 tree price lifting the third token:
     equal, finite, positive, never NaN."""
     logits = _rows(2)
     logits[:, 0] = 40.0
     logits[:, 1] = 40.0 + 1e-3  # distinct in float64, equal after bf16 rounding
     p = torch.softmax(logits.to(torch.bfloat16).float(), -1).to(torch.bfloat16)
     assert bool((p[:, 0] == p[:, 1]).all())
-    out = certificates(p, ["greedy"], ("forward", "reverse"), tree_widths=[1, 2])
+    worst = certificates(p, ["greedy"], ("forward", "reverse"), tree_widths=[1, 2])
+    out = certificates(p, ["greedy"], ("forward", "reverse"), tree_widths=[1, 2], ties="level-set")
     for div in ("forward", "reverse"):
+        assert bool((worst[("greedy", div)] == 0).all()) and bool((worst[("tree:1", div)] == 0).all())
+        assert torch.all(torch.isfinite(worst[("tree:2", div)])) and torch.all(worst[("tree:2", div)] > 0)
+        assert torch.all(worst[("tree:2", div)] < out[("greedy", div)])  # one token to lift, not two
         tree, greedy = out[("tree:1", div)], out[("greedy", div)]
         assert torch.equal(tree, greedy)
         assert torch.all(torch.isfinite(tree)) and torch.all(tree > 0)
-        assert torch.equal(tree, tree_certificate(p, 1, div))
+        assert torch.equal(tree, tree_certificate(p, 1, div, ties="level-set"))
         # width 2 must beat both maximisers with two other tokens: harder than width 1
         assert torch.all(out[("tree:2", div)] > tree)
 

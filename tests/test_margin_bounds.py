@@ -51,16 +51,19 @@ def test_the_upper_constant_is_approached_as_the_runner_up_vanishes() -> None:
 
 
 def test_ties_get_no_upper_bound_because_the_formula_fails_there() -> None:
-    # Two maximisers a and the boundary b: the pool holds three tokens and the two-token
-    # formula (log 2) Delta^2 / s with Delta = a - b, s = a + b underestimates rho*.
+    # ties="level-set": two maximisers a and the boundary b, the pool holds three tokens and the
+    # two-token formula (log 2) Delta^2 / s with Delta = a - b, s = a + b underestimates rho*.
+    # The default worst case gives rho* = 0 on a tied top, and the lower bound 0 too.
     worst = 0.0
     for b in np.linspace(0.001, 0.3, 300):
         a = (1 - b) / 2
         p = torch.tensor([a, a, b], dtype=torch.float64)
-        rho = float(certificate(p, "greedy"))
+        rho = float(certificate(p, "greedy", ties="level-set"))
         worst = max(worst, rho / (math.log(2) * (a - b) ** 2 / (a + b)))
-        lo, hi = greedy_margin_bounds(p)
+        lo, hi = greedy_margin_bounds(p, ties="level-set")
         assert math.isinf(float(hi)) and float(lo) <= rho * (1 + 1e-12)
+        lo, hi = greedy_margin_bounds(p)
+        assert float(certificate(p, "greedy")) == 0.0 == float(lo) and math.isinf(float(hi))
     assert 1.15 < worst < 1.2, worst  # two tied maximisers; more ties push it higher
 
 
