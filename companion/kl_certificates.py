@@ -66,10 +66,14 @@ How it is computed (no loop over the vocabulary or the batch):
    pools the ``t`` tokens with the lowest ``j`` of them (the same scan, from below, minimising
    the level; ``j >= 1``).
 
-Precision. Sums of ``p log(p/L)`` cancel badly near ties (``rho* ~ Delta^2``), so the pooled
-costs are evaluated as ``L * sum g(p_i / L)`` with ``g(x) = x log x - x + 1 >= 0`` and, for the
-reverse excess ``e = P_A - |A| G_A``, as ``G * sum h(log p_i - log G)`` with
-``h(d) = e^d - 1 - d >= 0``, each from its Taylor series near zero: every term is non-negative
+Precision. Sums of ``p log(p/L)`` cancel badly near ties (``rho* ~ Delta^2``), so the forward
+pooled cost is evaluated as ``L * sum g(1 + u_i)`` with ``u_i = (p_i - L) / L``, the deviations
+``p_i - L`` taken as differences of nearby floats (exact) rather than from ``p_i / L`` (which
+would lose ``1e-16 / delta`` of the relative digits at a relative gap ``delta``), and
+``g(1 + u) = (1 + u) log(1 + u) - u`` from its series; the result is rounded down by a relative
+8e-15, so that it stays within 1e-12 of the exact cost of its float64 inputs and never above
+it. The reverse excess ``e = P_A - |A| G_A`` is evaluated as ``G * sum h(log p_i - log G)`` with
+``h(d) = e^d - 1 - d >= 0``, from its Taylor series near zero: every term is non-negative
 and nothing cancels. On peaked rows (top-1 gaps of tens or hundreds of nats) ``e`` is close to 1
 and ``-log(1 - e)`` would lose every digit; there (``e >= 1/2``) the cost is evaluated in log
 space as ``-log(T_A + |A| G_A)``, with ``T_A`` summed from the probabilities left out of the
