@@ -277,3 +277,13 @@ def test_infinity_is_named_in_cdf_legend_and_kl_axis(tr, figs):
     drawn(kl)
     bottom_left = kl.axes[3]  # shared x: the bottom row carries the tick labels
     assert "+\u221e" in [t.get_text() for t in bottom_left.get_xticklabels()]
+
+
+def test_margin_bin_labels_are_distinct() -> None:
+    from companion.figures.experiments import distinct_labels
+
+    centers = np.array([0.0047, 0.029, 0.62, 0.99, 0.9991, 0.99962, 0.99981, 0.99994])
+    labels = distinct_labels(centers)
+    assert len(set(labels)) == len(centers), labels
+    assert labels[:3] == ["0.0047", "0.029", "0.62"], labels   # no more digits than needed
+    assert distinct_labels(np.array([0.1, 0.5])) == ["0.1", "0.5"]

@@ -93,8 +93,20 @@ def _vacuous_patch():
     return Patch(facecolor="white", edgecolor="0.3", hatch=_VACUOUS_HATCH, label=_VACUOUS_LABEL)
 
 
+def distinct_labels(values: np.ndarray, min_digits: int = 2, max_digits: int = 8) -> list[str]:
+    """``values`` with the fewest significant digits (at least ``min_digits``) that tell every pair
+    of distinct values apart: margin-bin centres crowd near 1 (0.9991, 0.9996, ...), where two
+    digits would print "1, 1, 1"."""
+    values = np.asarray(values, dtype=float)
+    for digits in range(min_digits, max_digits + 1):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if len(set(labels)) == len(set(values.tolist())):
+            return labels
+    return [f"{v:.{max_digits}g}" for v in values]
+
+
 def _margin_ticks(ax, x: np.ndarray, centers: np.ndarray) -> None:
-    ax.set_xticks(x, [f"{c:.2g}" for c in centers], rotation=30, ha="right", rotation_mode="anchor",
+    ax.set_xticks(x, distinct_labels(centers), rotation=30, ha="right", rotation_mode="anchor",
                   fontsize=TICK_SIZE)
 
 
