@@ -340,8 +340,8 @@ def tree_margin(
     n_grid: int = 400,
 ) -> Figure:
     """(a) The margin-only tree certificate ``phi_m(gamma)`` (solid) against the quadratic
-    ``(m+1) gamma^2/4`` quoted by secondary summaries (dashed) and the ceilings ``log(m+1)``
-    (dotted); (b) ``phi_m(gamma)/gamma^2`` with the constants ``(m+1)/4`` (dashed) and the sharp
+    ``(m+1) gamma^2/4`` (dashed; given second-hand by a public reading note of the paper, named in
+    chapter 5) and the ceilings ``log(m+1)`` (dotted); (b) ``phi_m(gamma)/gamma^2`` with the constants ``(m+1)/4`` (dashed) and the sharp
     global constant ``c_m`` (dots at its minimiser); (c) exact tree certificates of
     ``random_targets`` against their top-2 margin, above their envelope ``phi_m`` (only when
     targets are given). Each width has its colour from :func:`companion.figures.palette.tree_color`,
