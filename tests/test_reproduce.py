@@ -167,6 +167,16 @@ def test_status_page_reports_runs_missing_and_stale_chapters() -> None:
     assert "| `fig_a` | [07_eval](../notebooks/07_eval.ipynb) | {download}`PNG <../figures/fig_a.png>`" in md
 
 
+def test_status_page_says_whether_the_paper_presets_ran() -> None:
+    chapters = [("07_eval", "../notebooks/07_eval.ipynb", "abc")]
+    ran = render_status_markdown(RunRecord({"07_eval": _run("07_eval")}), chapters)
+    assert "The paper's presets (Qwen3 targets on a GPU): run by 07_eval (`paper-qwen3-4b`)." in ran
+    small = _run("07_eval", parameters={"device": "cpu", "preset": "default"})
+    not_ran = render_status_markdown(RunRecord({"07_eval": small}), chapters)
+    assert "not run in this build" in not_ran
+    assert "`transformers` in the environment that built the book:" in not_ran
+
+
 def test_record_round_trips_and_writes_atomically(tmp_path: Path) -> None:
     path = tmp_path / "rec" / "run-record.json"
     record = RunRecord({"07_eval": _run("07_eval")})

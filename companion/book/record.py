@@ -184,6 +184,14 @@ def _parameters(run: ChapterExecution) -> str:
     return ", ".join(shown) if shown else "(defaults of the notebook)"
 
 
+def _transformers_version() -> str:
+    try:
+        import transformers
+    except ImportError:
+        return "not installed"
+    return str(transformers.__version__)
+
+
 def render_status_markdown(
     record: RunRecord,
     chapters: Iterable[tuple[str, str, str | None]],
@@ -214,6 +222,11 @@ def render_status_markdown(
         )
         if commits:
             lines.append(" Source commit(s): " + ", ".join(f"`{c}`" for c in commits) + ".")
+        paper = sorted({f"{r.chapter} (`{r.preset}`)" for r in runs if (r.preset or "").startswith("paper-")})
+        lines.append(" The paper's presets (Qwen3 targets on a GPU): " + (
+            "run by " + ", ".join(paper) + "." if paper else
+            "not run in this build; every experiment chapter here ran on a smaller preset."))
+        lines.append(f" `transformers` in the environment that built the book: {_transformers_version()}.")
         lines.append("\n")
     else:
         lines.append("No chapter has been executed yet: run `companion reproduce`.\n")
