@@ -340,14 +340,23 @@ def test_bf16_ties_are_counted(pair, tmp_path) -> None:
     ties = np.asarray(table.column("top2_tie"))
     assert manifest["config"]["dtype"] == "bfloat16"
     assert manifest["totals"]["top2_tie_steps"] == int(ties.sum()) > 0
-    # On a tie the margin is 0; strict greedy accepts both maximisers (p_y >= p(1)), so its
-    # certificate is the cost of lifting the third token, not 0.
+    # On a tie the margin is 0; the decoder takes the first maximiser and a draft of the other one
+    # is rejected, so the worst-case strict-greedy certificate is 0 there (nothing is certified),
+    # and acceptance is the id-based check draft_token == token.
     top = _list_column(table, "top_probs")
     assert np.all(np.asarray(table.column("margin"))[ties] == 0) and np.all(top[ties, 0] == top[ties, 1])
-    assert np.all(np.asarray(table.column("cert_fwd[greedy]"))[ties] > 0)
+    assert np.all(np.asarray(table.column("cert_fwd[greedy]"))[ties] == 0)
+    assert np.all(np.asarray(table.column("cert_rev[greedy]"))[ties] == 0)
     assert np.all(np.asarray(table.column("margin"))[~ties] > 0)
-    cert = np.asarray(table.column("certified_fwd[greedy]"))
-    assert not np.any(cert & ~np.asarray(table.column("accepted[greedy]")))
+    assert np.all(np.asarray(table.column("cert_fwd[greedy]"))[~ties] > 0)
+    acc = np.asarray(table.column("accepted[greedy]"))
+    assert np.array_equal(acc, np.asarray(table.column("draft_token")) == np.asarray(table.column("token")))
+    for d in ("fwd", "rev"):
+        cert = np.asarray(table.column(f"certified_{d}[greedy]"))
+        assert not np.any(cert & ~acc) and not np.any(cert[ties])
+        for m in (1, 2):
+            tree = np.asarray(table.column(f"tree_certified_{d}[{m}]"))
+            assert not np.any(tree & ~np.asarray(table.column(f"covered[{m}]")))
 
 
 def test_bad_inputs_and_refusals(pair, tmp_path) -> None:
