@@ -44,7 +44,26 @@ async () => {
   // reStructuredText that was not parsed (docstrings read as Markdown show these as text).
   const rst = ['.. py:', '.. automodule', '.. auto', ':func:`', ':class:`', ':mod:`', ':data:`', ':meth:`', '``',
                '====='].filter(s => text.includes(s));
+  // Tables and display equations that run past the text column (or are clipped inside it) at
+  // this viewport width.
+  const article = document.querySelector('article.bd-article') || document.querySelector('article') || document.body;
+  const right = article.getBoundingClientRect().right;
+  const overflow = [];
+  article.querySelectorAll('table, mjx-container[display="true"], div.math, .pst-scrollable-table-container')
+    .forEach(e => {
+      const r = e.getBoundingClientRect();
+      if (r.right > right + 1 || (e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)) {
+        overflow.push(e.tagName.toLowerCase() + ' ' + Math.round(Math.max(r.right - right, e.scrollWidth - e.clientWidth))
+                      + 'px: ' + (e.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 60));
+      }
+    });
+  // Figures: images in the article outside a numbered, captioned <figure>.
+  const uncaptioned = Array.from(article.querySelectorAll('img'))
+    .filter(i => { const f = i.closest('figure'); return !(f && f.querySelector('figcaption .caption-number')); })
+    .map(i => i.src);
   return {
+    overflow: overflow,
+    uncaptioned: uncaptioned,
     math: math.length,
     typeset: math.filter(e => e.querySelector('mjx-container')).length,
     containers: document.querySelectorAll('mjx-container').length,
@@ -69,6 +88,8 @@ class PageReport:
     autodoc: int
     images: int
     broken: list[str]
+    overflow: list[str] = field(default_factory=list)
+    uncaptioned: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -150,6 +171,7 @@ def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_imag
         assert not page.leftovers, f"{rel}: raw TeX left in the page: {page.leftovers}"
         assert not page.rst, f"{rel}: raw reStructuredText left in the page: {page.rst}"
         assert not page.broken, f"{rel}: images not loaded: {page.broken}"
+        assert not page.overflow, f"{rel}: wider than the text column at 1280 px: {page.overflow}"
     for rel in expect_math_on:
         assert report.pages[rel].containers > 0, f"{rel}: no MathJax output"
     for rel in expect_images_on:
@@ -174,6 +196,37 @@ def test_built_book_in_browser(built_book: Path, serve) -> None:
     assert api.autodoc > 100, f"the API page documents only {api.autodoc} objects: autodoc output not rendered?"
     for rel in notebook_pages:
         assert rel in report.pages
+        assert not report.pages[rel].uncaptioned, \
+            f"{rel}: figures without a number and caption: {report.pages[rel].uncaptioned}"
+
+
+def test_overflow_probe_flags_a_wide_table_and_equation(serve, tmp_path: Path) -> None:
+    """The overflow check itself: a page whose table and display equation are wider than its
+    text column is reported, and a page that fits is not."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    cells = "".join(f"<td>column{i}_with_a_long_unbreakable_value</td>" for i in range(8))
+    wide = (f"<article class='bd-article' style='width:600px'><table><tr>{cells}</tr></table>"
+            "<div class='math' style='overflow-x:auto'><div style='width:900px'>x</div></div></article>")
+    narrow = "<article class='bd-article' style='width:600px'><table><tr><td>a</td></tr></table></article>"
+    (tmp_path / "wide.html").write_text(f"<html><body>{wide}</body></html>", encoding="utf-8")
+    (tmp_path / "narrow.html").write_text(f"<html><body>{narrow}</body></html>", encoding="utf-8")
+    base = serve(tmp_path)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            found = {}
+            for name in ("wide", "narrow"):
+                page.goto(f"{base}{name}.html", wait_until="load")
+                found[name] = page.evaluate(PAGE_PROBE)["overflow"]
+        finally:
+            browser.close()
+    assert any(o.startswith("table") for o in found["wide"]), found
+    assert any(o.startswith("div") for o in found["wide"]), found
+    assert found["narrow"] == [], found
 
 
 def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> None:

@@ -18,4 +18,6 @@ def setup(app: Any) -> dict[str, Any]:
     # companion.css: tables wrap inside the text column (no horizontal overflow at 1280 px).
     app.connect("builder-inited", _add_static)
     app.add_css_file("companion.css")
+    # companion-fit.js: a display equation or table slightly too wide is set smaller (>= 9 pt).
+    app.add_js_file("companion-fit.js")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
