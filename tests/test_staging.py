@@ -164,3 +164,34 @@ def test_partial_builds_drop_chapter_numbering() -> None:
     toc = {"root": "intro", "parts": [{"caption": "Theory", "numbered": True, "chapters": [{"file": "a"}]}]}
     assert without_numbering(toc) == {"root": "intro", "parts": [{"caption": "Theory", "chapters": [{"file": "a"}]}]}
     assert toc["parts"][0]["numbered"] is True  # the original is left alone
+
+
+def test_results_page_gets_chapter_7_numbers_or_says_it_is_missing(tmp_path) -> None:
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
+    pages.mkdir()
+    notebooks.mkdir()
+    page = pages / "claims.md"
+    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    assert "   *Measured in this build:* nothing, since chapter 07_paper_evaluation is not in this build." \
+        in page.read_text(encoding="utf-8")
+
+    values = {"ch7_run": "preset `x`", "ch7_greedy_p5": 5.3e-05, "ch7_mult_p5": 0.0346,
+              "ch7_run_greedy_0p1": 2.854, "ch7_run_mult_0p1": 3.224, "ch7_run_tree8_0p1": 3.223}
+    cell = nbformat.v4.new_code_cell("glue(...)")
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data", metadata={"scrapbook": {"name": k, "mime_prefix": "application/papermill.record/"}},
+        data={"application/papermill.record/text/markdown" if isinstance(v, str) else
+              "application/papermill.record/text/plain": v if isinstance(v, str) else repr(v)})
+        for k, v in values.items()]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [cell]
+    nbformat.write(nb, notebooks / "07_paper_evaluation.ipynb")
+    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    text = page.read_text(encoding="utf-8")
+    assert "   *Measured in this build* (chapter 7; preset `x`)" in text
+    assert "5.3e-05 nats under strict greedy and 0.035 under `multiplicative:0.1`" in text
+    assert "2.85 tokens" in text and "3.22 with a width-8 tree" in text and "companion-result" not in text

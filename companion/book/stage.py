@@ -137,6 +137,8 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         link_figures(staged_nb, set(figures))
         present_parameters(staged_nb, chapter.path, run.profile if run else None)
 
+    fill_measured_results(stage / "book", stage / NOTEBOOK_DIR)
+
     status_page = stage / "book" / "reproduction_status.md"
     if status_page.is_file():
         staged_names = {c.name for c in staged}
@@ -172,6 +174,69 @@ def without_numbering(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: without_numbering(v) for k, v in node.items() if k != "numbered"}
     return node
+
+
+RESULT_MARKER = re.compile(r"^(?P<indent>[ \t]*)% companion-result: (?P<chapter>\S+)[ \t]*$", re.MULTILINE)
+
+
+def glued_values(path: Path) -> dict[str, Any]:
+    """The values an executed notebook glued, by name (plain-text ones as Python literals)."""
+    import ast
+
+    import nbformat
+
+    out: dict[str, Any] = {}
+    for cell in nbformat.read(path, as_version=4).cells:
+        for o in cell.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name is None:
+                continue
+            data = o.get("data", {})
+            md = data.get("application/papermill.record/text/markdown")
+            text = data.get("application/papermill.record/text/plain")
+            if md is not None:
+                out[name] = str(md)
+                continue
+            try:
+                out[name] = ast.literal_eval(text)
+            except (ValueError, SyntaxError, TypeError):
+                out[name] = text
+    return out
+
+
+def _result_sentence(chapter: str, values: dict[str, Any]) -> str:
+    """The measured numbers behind the abstract's claim (result 8), from chapter 7's glued values."""
+    if chapter != "07_paper_evaluation":
+        raise RunFailure(f"no measured-result sentence is defined for chapter {chapter!r}")
+    need = ("ch7_run", "ch7_greedy_p5", "ch7_mult_p5", "ch7_run_greedy_0p1", "ch7_run_mult_0p1", "ch7_run_tree8_0p1")
+    missing = [k for k in need if k not in values]
+    if missing:
+        raise RunFailure(f"chapter 7 did not glue {missing}: the results page cannot show its numbers")
+    v = values
+    return (f"*Measured in this build* (chapter 7; {v['ch7_run']}): the 5th percentile of the certificate is "
+            f"{v['ch7_greedy_p5']:.2g} nats under strict greedy and {v['ch7_mult_p5']:.2g} under "
+            f"`multiplicative:0.1`; under a per-step budget of 0.1 nats a certified run lasts "
+            f"{v['ch7_run_greedy_0p1']:.2f} tokens on average under strict greedy, "
+            f"{v['ch7_run_mult_0p1']:.2f} under `multiplicative:0.1` and {v['ch7_run_tree8_0p1']:.2f} "
+            f"with a width-8 tree.")
+
+
+def fill_measured_results(pages: Path, notebooks: Path) -> None:
+    """Replace ``% companion-result: CHAPTER`` lines in the pages by that chapter's measured
+    numbers (from its executed, staged notebook), or by a note that it is not in this build."""
+    for page in pages.rglob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        if not RESULT_MARKER.search(text):
+            continue
+
+        def fill(m: re.Match[str]) -> str:
+            chapter, indent = m.group("chapter"), m.group("indent")
+            executed = notebooks / f"{chapter}.ipynb"
+            if not executed.is_file():
+                return f"{indent}*Measured in this build:* nothing, since chapter {chapter} is not in this build."
+            return indent + _result_sentence(chapter, glued_values(executed))
+
+        page.write_text(RESULT_MARKER.sub(fill, text), encoding="utf-8")
 
 
 def repository_url(config: Path) -> str | None:
