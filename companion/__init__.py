@@ -3,7 +3,9 @@
 
 The certificate engine (criteria, exact KL certificates, witnesses, tree certificates), the
 per-criterion verdict on a drafter (:func:`certified`) and certificates from a server's top-k
-logprobs (:func:`certificates_from_logprobs`) are importable from the top level; bounds,
+logprobs (:func:`certificates_from_logprobs`) are importable from the top level. Certificates
+are the worst case over tie-breaks by default (``ties="worst"``, sound for every decoder that
+breaks exact ties in a fixed way, as ``argmax`` does; :data:`TIES`); bounds,
 certified runs and the stochastic contrast live in ``companion.bounds``, ``companion.runs`` and
 ``companion.stochastic``.
 """
@@ -18,6 +20,7 @@ from companion.kl_certificates import (
 )
 from companion.criteria import (
     PAPER_CRITERIA,
+    TIES,
     AdditiveRelaxed,
     Criterion,
     MultiplicativeRelaxed,
@@ -42,6 +45,7 @@ __all__ = [
     "MultiplicativeRelaxed",
     "PAPER_CRITERIA",
     "StrictGreedy",
+    "TIES",
     "TopKDelta",
     "TopM",
     "Typical",
