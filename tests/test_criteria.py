@@ -123,3 +123,62 @@ def test_top_m_needs_m_below_vocab() -> None:
         TopM(4).threshold(torch.full((4,), 0.25))
     with pytest.raises(ValueError, match="k <= V"):
         TopKDelta(5, 0.1).threshold(torch.full((4,), 0.25))
+
+
+# -- tie conventions and the decoders' verdict ---------------------------------------------------------
+
+TIE_SPECS = ["greedy", "additive:0", "additive:0.25", "multiplicative:1", "multiplicative:0.5", "topm:1", "topm:2",
+             "topm:3", "topk-delta:2,0.25", "topk-delta:4,0", "typical:0.09,0.3", "typical:0.5,2"]
+
+
+@given(ints=st.lists(st.integers(1, 6), min_size=4, max_size=9), spec=st.sampled_from(TIE_SPECS),
+       from_logits=st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_worst_within_decoder_within_level_set(ints, spec, from_logits) -> None:
+    """Entries on a small dyadic grid (ties and tokens exactly at thresholds everywhere): the worst
+    case accepts a subset of what the first-index decoder accepts, which accepts a subset of the
+    rule as written; the decoder's greedy is torch.argmax and its top-m the stable sort's top m."""
+    c = parse_criterion(spec)
+    try:
+        c.check_vocab(len(ints))
+    except ValueError:
+        return
+    x = torch.tensor(ints, dtype=torch.float64)
+    p = x / 8 if from_logits else x / x.sum()
+    ids = torch.arange(len(ints))
+    worst = ~c.rejection_mask(p, from_logits=from_logits, ties="worst")
+    level = ~c.rejection_mask(p, from_logits=from_logits)
+    decoder = torch.stack([c.decoder_accepts(p, int(y), from_logits=from_logits) for y in ids])
+    assert bool((worst <= decoder).all()) and bool((decoder <= level).all()), (ints, spec, worst, decoder, level)
+    order = torch.sort(p, descending=True, stable=True).indices.tolist()
+    limit = c.index_rank_limit()
+    if limit is not None:
+        for y in ids.tolist():
+            assert bool(decoder[y]) == (bool(level[y]) and y in order[:limit])
+    if isinstance(c, StrictGreedy):
+        assert decoder.tolist() == [y == int(torch.argmax(p)) for y in ids.tolist()]
+    # the worst case accepts a token only when every tie-break of the decoders would
+    s = sorted(p.tolist(), reverse=True)
+    if limit is not None:
+        unique_boundary = limit >= len(s) or s[limit - 1] > s[limit]
+        if unique_boundary and not isinstance(c, (AdditiveRelaxed, MultiplicativeRelaxed, TopKDelta)):
+            assert torch.equal(worst, decoder)
+
+
+def test_order_statistic_and_ties_checks() -> None:
+    from companion.criteria import check_ties, index_rank, order_statistic
+    from companion.summary import summarize
+
+    p = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)
+    s = summarize(p, k=3)
+    assert order_statistic(s, 1).tolist() == [0.5] and order_statistic(s, 3).tolist() == [0.25]
+    assert math.isinf(float(order_statistic(s, 4))) and float(order_statistic(s, 4)) < 0
+    with pytest.raises(ValueError, match="not in a summary"):
+        order_statistic(summarize(p, k=1), 2)
+    assert index_rank(p, torch.tensor([0])).tolist() == [2] and index_rank(p, torch.tensor([2])).tolist() == [3]
+    assert check_ties("worst") == "worst" and check_ties("level-set") == "level-set"
+    with pytest.raises(ValueError, match="ties must be"):
+        check_ties("first")
+    # top_needed grows by the one order statistic the worst case reads
+    assert StrictGreedy().top_needed("worst") == 2 and TopM(3).top_needed("worst") == 4
+    assert TopKDelta(1, 0.1).top_needed("worst") == 2 and Typical().top_needed("worst") == 1
