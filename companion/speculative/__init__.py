@@ -9,7 +9,10 @@ lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
 :func:`hf_assisted_generate` runs transformers' own assisted generation under the same spec
 for a round-by-round comparison. :func:`compare_policies` runs the whole comparison (built-ins,
 calibrated rules, lossless check, paired bootstrap of cost ratios) and :func:`hf_agreement` the
-round-by-round check against transformers.
+round-by-round check against transformers. :func:`record_chains` records once per prompt all
+that a lossless policy can observe (the target's greedy text, the drafter's greedy chain from
+every position of it), :func:`replay` runs any policy on such a recording without a model, and
+:func:`oracle_cost` is the least modelled cost any lossless chain policy reaches on it.
 """
 from companion.speculative.compare import (
     CALIBRATED,
@@ -36,6 +39,14 @@ from companion.speculative.decoder import (
     generate,
 )
 from companion.speculative.hf import hf_assisted_generate, hf_settings
+from companion.speculative.replay import (
+    RecordedChains,
+    oracle_cost,
+    oracle_plan,
+    oracle_result,
+    record_chains,
+    replay,
+)
 from companion.speculative.policies import (
     POLICY_FORMS,
     Calibrated,
@@ -78,4 +89,10 @@ __all__ = [
     "measure_costs",
     "modelled_cost",
     "parse_policy",
+    "RecordedChains",
+    "oracle_cost",
+    "oracle_plan",
+    "oracle_result",
+    "record_chains",
+    "replay",
 ]

@@ -1,0 +1,375 @@
+"""Record a lossless run once, replay any drafting policy on it, and price the best any policy can do.
+
+Under strict-greedy (lossless) verification everything a drafting policy can observe is fixed in
+advance. The output is the target's greedy text ``x_0 x_1 ...``; a round that starts after ``s``
+emitted tokens drafts the drafter's greedy chain from the context ``prompt + x_0 .. x_{s-1}``,
+whatever the policy; and the number ``L_s`` of leading drafts of that chain equal to
+``x_s x_{s+1} ...`` decides how many of ``k`` submitted drafts are accepted: ``min(k, L_s)``.
+
+* :func:`record_chains` computes all of it once per prompt: the target's greedy text (one
+  single-token forward per token, as plain decoding), one teacher-forced drafter forward over
+  prompt and text (its row at position ``t`` is the first draft from ``t``, and, as long as a
+  chain agrees with the text, every later draft of every chain that has reached ``t``), one
+  teacher-forced target forward over the same sequence (``KL(p || q)`` at every position, for
+  the policies that read it), and, at each position ``m`` where the drafter's greedy token is not
+  the text's, a cached greedy extension of the drafter past that mismatch (shared by every chain
+  that diverges at ``m``).
+* :func:`replay` runs a :class:`~companion.speculative.policies.Policy` on the recording and
+  returns the :class:`~companion.speculative.decoder.SpeculativeResult` that
+  :func:`~companion.speculative.decoder.generate` would return (tokens, forwards, and per round
+  the drafts made, submitted and accepted), without running a model: the policy sees the same
+  ``start_round`` / ``wants_draft`` / ``observe`` / ``submit`` / ``end_round`` calls with the same
+  arguments.
+* :func:`oracle_cost` is the least modelled cost per token (the convention of
+  :func:`~companion.speculative.costs.modelled_cost`) of any lossless chain policy on the recorded
+  text, by dynamic programming over positions; :func:`oracle_plan` and :func:`oracle_result`
+  give the rounds that reach it.
+
+Floating point: the recording computes the drafter's and the target's logits in other batch
+shapes than a live decode does (one long forward instead of one or two tokens at a time), so
+``q(1)``, ``q(2)`` and the certificate may differ from a live run's in their last bits. A
+policy's decision can only differ where it sits exactly on such a boundary; the tests compare
+replays with live decoding round for round.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from companion.criteria import StrictGreedy
+from companion.speculative.costs import CostModel
+from companion.speculative.decoder import (
+    SpeculativeResult,
+    Timings,
+    _check_ids_in_vocab,
+    _check_model,
+    _eos_ids,
+    _forward,
+    _prompt_ids,
+    drafter_rho,
+)
+from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
+
+__all__ = ["RecordedChains", "record_chains", "replay", "oracle_cost", "oracle_plan", "oracle_result"]
+
+_GREEDY = StrictGreedy()
+
+
+@dataclass(frozen=True)
+class RecordedChains:
+    """Everything a lossless drafting policy can observe on one prompt.
+
+    ``tokens``: the target's greedy text (prompt excluded), ``max_new_tokens`` long unless it ends
+    with an end-of-sequence token of ``eos_token_ids`` (then ``ended_by_eos``). ``chains[s]`` for
+    ``s = 0 .. len(tokens) - 1``: the drafter's greedy chain from the context ``prompt + tokens[:s]``,
+    one :class:`DraftStep` per draft (token, ``q(1)``, ``q(2)``, strict-greedy drafter-side
+    certificate), as long as a round starting at ``s`` may draft (``max_new_tokens - s - 1``) or
+    ``max_drafts``, whichever is smaller, and ending early after a drafted end-of-sequence token
+    (the decoder stops drafting there). ``kl[t]``: ``KL(p_t || q_t)`` of the target's and the
+    drafter's distributions predicting ``tokens[t]`` from the true prefix. ``matched[s]``
+    (derived): ``L_s``, the number of leading drafts of ``chains[s]`` equal to ``tokens[s:]``.
+    """
+
+    tokens: tuple[int, ...]
+    chains: tuple[tuple[DraftStep, ...], ...]
+    kl: tuple[float, ...]
+    max_new_tokens: int
+    max_drafts: int | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    ended_by_eos: bool = False
+    matched: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.chains) != n or len(self.kl) != n:
+            raise ValueError(f"one chain and one KL per text position expected: {n} tokens, "
+                             f"{len(self.chains)} chains, {len(self.kl)} KLs")
+        if n > self.max_new_tokens:
+            raise ValueError(f"{n} tokens recorded, more than max_new_tokens = {self.max_new_tokens}")
+        if n < self.max_new_tokens and not self.ended_by_eos:
+            raise ValueError(f"{n} tokens recorded for max_new_tokens = {self.max_new_tokens} without an end-of-sequence token")
+        matched = []
+        for s, chain in enumerate(self.chains):
+            if len(chain) > self.cap(s):
+                raise ValueError(f"chain from position {s} has {len(chain)} drafts; a round there drafts at most {self.cap(s)}")
+            L = 0
+            while L < len(chain) and s + L < n and chain[L].token == self.tokens[s + L]:
+                L += 1
+            matched.append(L)
+        object.__setattr__(self, "matched", tuple(matched))
+
+    def cap(self, s: int) -> int:
+        """The most drafts a round starting after ``s`` emitted tokens may make (the decoder's length budget)."""
+        return self.max_new_tokens - s - 1
+
+    @property
+    def mean_matched(self) -> float:
+        """Mean ``L_s`` over the text's positions."""
+        return sum(self.matched) / len(self.matched) if self.matched else math.nan
+
+
+def _step(logits: Tensor) -> DraftStep:
+    """The drafter's greedy token at one row of logits and what a policy reads there, as the decoder computes it."""
+    token = int(torch.argmax(logits))
+    q = torch.softmax(logits.double(), -1)
+    top = torch.topk(q, 2)
+    q1 = float(q[token])
+    q2 = float(top.values[1] if int(top.indices[0]) == token else top.values[0])
+    return DraftStep(token=token, q1=q1, q2=q2, rho=drafter_rho(logits, _GREEDY, q1, q2))
+
+
+def record_chains(
+    target: Any,
+    drafter: Any,
+    input_ids: Tensor | Sequence[int],
+    *,
+    max_new_tokens: int,
+    max_drafts: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> RecordedChains:
+    """Record the target's greedy text of ``input_ids`` and the drafter's greedy chain from every position of it.
+
+    ``max_new_tokens`` and ``eos_token_id`` as in :func:`~companion.speculative.decoder.generate`
+    (``None``: the target's ``generation_config.eos_token_id``). ``max_drafts``: the longest chain
+    recorded from any position (``None``: as long as the length budget allows, so that every
+    policy replays exactly; a replay that needs more raises ``ValueError``).
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if max_drafts is not None and (isinstance(max_drafts, bool) or not isinstance(max_drafts, int) or max_drafts < 0):
+        raise ValueError(f"max_drafts must be None or an integer >= 0, got {max_drafts!r}")
+    vt = _check_model(target, "target")
+    vd = _check_model(drafter, "drafter")
+    prompt = _prompt_ids(input_ids)
+    if vt != vd:
+        raise ValueError(f"target and drafter vocabularies differ ({vt} vs {vd} logits); a drafter must share the target's vocabulary")
+    _check_ids_in_vocab(prompt, (target, drafter), vt)
+    eos = _eos_ids(eos_token_id, target)
+    n0 = len(prompt)
+
+    with torch.inference_mode():
+        # 1. the target's greedy text, one token per forward (plain decoding, `constant:0`)
+        text: list[int] = []
+        cache = DynamicCache()
+        fed = 0
+        seq = list(prompt)
+        while len(text) < max_new_tokens:
+            token = int(torch.argmax(_forward(target, seq[fed:], cache, 1)[0]))
+            fed = len(seq)
+            text.append(token)
+            seq.append(token)
+            if token in eos:
+                break
+        ended = bool(text) and text[-1] in eos
+        n = len(text)
+        if n == 0:
+            return RecordedChains((), (), (), max_new_tokens, max_drafts, eos, False)
+
+        # 2. one teacher-forced forward per model over prompt + text[:-1]: row t predicts text[t]
+        full = torch.tensor([prompt + text[:-1]], dtype=torch.long)
+        d_cache = DynamicCache()
+        q_logits = drafter(input_ids=full.to(drafter.device), past_key_values=d_cache, use_cache=True).logits[0, n0 - 1:].float()
+        p_logits = target(input_ids=full.to(target.device)).logits[0, n0 - 1:].float()
+        lp = torch.log_softmax(p_logits.double(), -1)
+        lq = torch.log_softmax(q_logits.double(), -1)
+        kl = tuple(float(x) for x in (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0))
+        rows = [_step(q_logits[t]) for t in range(n)]
+
+        def budget(s: int) -> int:
+            cap = max_new_tokens - s - 1
+            return cap if max_drafts is None else min(cap, max_drafts)
+
+        # 3. at every position m where the drafter's greedy token is not the text's, extend the
+        # drafter's chain past that draft: every chain that diverges at m continues with it
+        # (last position first: cropping the teacher-forced cache back to prompt + text[:m] then
+        # leaves only text in it, since every extension wrote past a later position)
+        extensions: dict[int, list[DraftStep]] = {}
+        for m in range(n - 1, -1, -1):
+            if rows[m].token == text[m] or rows[m].token in eos:
+                continue
+            # the longest chain that diverges at m starts at m itself
+            need = budget(m) - 1
+            ext: list[DraftStep] = []
+            if need > 0:
+                d_cache.crop(n0 + m)
+                ctx = [rows[m].token]
+                while len(ext) < need:
+                    step = _step(_forward(drafter, ctx, d_cache, 1)[0])
+                    ext.append(step)
+                    if step.token in eos:
+                        break
+                    ctx = [step.token]
+            extensions[m] = ext
+
+    chains: list[tuple[DraftStep, ...]] = []
+    for s in range(n):
+        b = budget(s)
+        chain: list[DraftStep] = []
+        t = s
+        while len(chain) < b:
+            if t >= n:  # every text token matched up to the end: only when it is the end-of-sequence draft
+                break
+            step = rows[t]
+            chain.append(step)
+            if step.token in eos:
+                break
+            if step.token != text[t]:
+                chain.extend(extensions[t][: b - len(chain)])
+                break
+            t += 1
+        chains.append(tuple(chain))
+    return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended)
+
+
+def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
+    """Decode ``chains``' prompt under ``policy`` without a model: the rounds a lossless :func:`generate` makes.
+
+    The policy is driven exactly as the decoder drives it (see ``Policy``): per round
+    ``start_round(cap)``, then ``wants_draft`` / ``observe`` per draft with the recorded
+    ``q(1)``, ``q(2)`` and (when the policy asks for it) the strict-greedy certificate, then
+    ``submit``; ``min(k, L_s)`` of ``k`` submitted drafts are accepted, the target's token follows,
+    and ``end_round`` receives ``KL(p || q)`` at the verified positions when the policy reads it.
+    A :class:`Policy` object carries its state over (as with ``generate``); a spec string gives a
+    fresh one. The result has no timings (``nan``) and no per-round seconds.
+    """
+    pol = parse_policy(policy)
+    needs_rho = bool(getattr(pol, "needs_certificate", False))
+    needs_kl = bool(getattr(pol, "needs_kl", False))
+    text = chains.tokens
+    n = len(text)
+    accepted: list[int] = []
+    submitted: list[int] = []
+    drafted: list[int] = []
+    draft_tokens: list[list[int]] = []
+    s = 0
+    ended_by_eos = False
+    while s < chains.max_new_tokens and not ended_by_eos:
+        if s >= n:
+            raise ValueError(f"replay reached position {s} past the recorded text of {n} tokens")
+        chain = chains.chains[s]
+        cap = chains.cap(s)
+        pol.start_round(cap)
+        drafts: list[int] = []
+        while len(drafts) < cap and pol.wants_draft(len(drafts)):
+            j = len(drafts)
+            if j >= len(chain):
+                raise ValueError(f"policy {pol} asks for draft {j + 1} at position {s}, but the chains were recorded "
+                                 f"with max_drafts = {chains.max_drafts}; record with a larger max_drafts (or None)")
+            step = chain[j]
+            drafts.append(step.token)
+            pol.observe(step if needs_rho else DraftStep(token=step.token, q1=step.q1, q2=step.q2))
+            if step.token in chains.eos_token_ids:
+                break
+        k = min(max(int(pol.submit(len(drafts))), 0), len(drafts))
+        a = min(k, chains.matched[s])
+        new = list(text[s:s + a + 1])
+        if any(t in chains.eos_token_ids for t in new):
+            first = next(i for i, t in enumerate(new) if t in chains.eos_token_ids)
+            new = new[:first + 1]
+            ended_by_eos = True
+        kl: tuple[float, ...] = ()
+        if needs_kl and k:
+            kl = tuple(chains.kl[s:s + min(a + 1, k)])
+        pol.end_round(RoundOutcome(drafted=len(drafts), submitted=k, accepted=a, kl=kl))
+        accepted.append(a)
+        submitted.append(k)
+        drafted.append(len(drafts))
+        draft_tokens.append(drafts[:k])
+        s += len(new)
+    nan = math.nan
+    return SpeculativeResult(
+        tokens=torch.tensor(text[:s], dtype=torch.long),
+        target_forwards=len(accepted),
+        drafter_forwards=sum(drafted),
+        accepted=accepted,
+        submitted=submitted,
+        drafted=drafted,
+        policy=str(pol),
+        criterion=str(_GREEDY),
+        timings=Timings(wall_s=nan, target_s=nan, drafter_s=nan),
+        draft_tokens=draft_tokens,
+        ended_by_eos=ended_by_eos,
+        extra={"replayed": True},
+    )
+
+
+def _advance(chains: RecordedChains, s: int, k: int) -> int:
+    """Position after a round at ``s`` that submits ``k`` drafts: ``min(k, L_s)`` accepted plus the target's
+    token, which is not emitted when the accepted drafts already end the text with its end-of-sequence token."""
+    return min(s + min(k, chains.matched[s]) + 1, len(chains.tokens))
+
+
+def _dp(chains: RecordedChains, costs: CostModel) -> tuple[list[float], list[int]]:
+    """``best[s]``: least cost from ``s`` to the end of the text; ``choice[s]``: drafts submitted there."""
+    n = len(chains.tokens)
+    best = [0.0] * (n + 1)
+    choice = [0] * n
+    for s in range(n - 1, -1, -1):
+        # a round drafts i >= k tokens and submits k: drafting more than it submits only adds c;
+        # submitting more than L_s gains nothing but can cost less where V(k) is not monotone
+        options = [(costs.verify_cost(k) + costs.c * k + best[_advance(chains, s, k)], k)
+                   for k in range(len(chains.chains[s]) + 1)]
+        best[s], choice[s] = min(options)
+    return best, choice
+
+
+def oracle_plan(chains: RecordedChains, costs: CostModel) -> list[int]:
+    """Drafts submitted per round by a lossless chain policy of least modelled cost on ``chains``.
+
+    Dynamic programming over positions: from ``s`` a round drafts and submits ``k`` drafts of the
+    recorded chain (``k <= len(chains[s])``), costs ``V(k) + c k`` and continues at
+    ``s + min(k, L_s) + 1`` (the accepted drafts and the target's token). Ties go to the fewest
+    drafts.
+    """
+    _, choice = _dp(chains, costs)
+    plan, s = [], 0
+    while s < len(chains.tokens):
+        plan.append(choice[s])
+        s = _advance(chains, s, choice[s])
+    return plan
+
+
+def oracle_cost(chains: RecordedChains, costs: CostModel) -> float:
+    """Least modelled cost per generated token any lossless chain policy reaches on ``chains``' text.
+
+    ``(sum_r V(k_r) + c * drafter calls) / tokens`` minimised over every sequence of rounds (see
+    :func:`oracle_plan`); the convention of :func:`~companion.speculative.costs.modelled_cost`
+    (prefill counted as an ordinary forward). ``nan`` for an empty text.
+    """
+    n = len(chains.tokens)
+    if n == 0:
+        return math.nan
+    return _dp(chains, costs)[0][0] / n
+
+
+def oracle_result(chains: RecordedChains, costs: CostModel) -> SpeculativeResult:
+    """The rounds of :func:`oracle_plan` as a :class:`SpeculativeResult` (policy ``"oracle"``), so that
+    :func:`~companion.speculative.costs.modelled_cost` and the comparison's bootstrap price it like any policy."""
+    plan = oracle_plan(chains, costs)
+    accepted, draft_tokens = [], []
+    s = 0
+    for k in plan:
+        accepted.append(min(k, chains.matched[s]))
+        draft_tokens.append([d.token for d in chains.chains[s][:k]])
+        s = _advance(chains, s, k)
+    nan = math.nan
+    return SpeculativeResult(
+        tokens=torch.tensor(chains.tokens, dtype=torch.long),
+        target_forwards=len(plan),
+        drafter_forwards=sum(plan),
+        accepted=accepted,
+        submitted=list(plan),
+        drafted=list(plan),
+        policy="oracle",
+        criterion=str(_GREEDY),
+        timings=Timings(wall_s=nan, target_s=nan, drafter_s=nan),
+        draft_tokens=draft_tokens,
+        ended_by_eos=chains.ended_by_eos,
+        extra={"replayed": True},
+    )

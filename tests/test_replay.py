@@ -1,0 +1,244 @@
+"""Recorded chains, replayed policies and the oracle limit.
+
+Oracles: live decoding (:func:`generate`) round for round for the replay; the drafter's own
+greedy decoding (``drafter.generate``) for every recorded chain; enumeration of every way to
+cut a text into rounds for the dynamic programme; and live decoding under a scripted policy that
+follows the oracle's plan, which must reach the oracle's cost.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from companion.speculative import (
+    CALIBRATED,
+    CostModel,
+    DraftStep,
+    Policy,
+    RecordedChains,
+    RoundOutcome,
+    generate,
+    modelled_cost,
+    oracle_cost,
+    oracle_plan,
+    oracle_result,
+    parse_policy,
+    record_chains,
+    replay,
+)
+
+N_NEW = 24
+LOSSLESS = ["constant:0", "constant:1", "constant:4", "constant:8", "heuristic", "heuristic:5", "heuristic:20,0.4",
+            "heuristic:5,0.4", "confidence:0.4", "confidence:0.7,6", "confidence:0.2"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.set_num_threads(1)
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+
+    target, drafter, tok = load_pair("default")
+    prompts = load_prompts("default")[:4]
+    ids = [tok(p.text, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts]
+    recs = [record_chains(target, drafter, x, max_new_tokens=N_NEW) for x in ids]
+    return target, drafter, ids, recs
+
+
+def same_rounds(live, rep) -> str:
+    """'' when the two runs agree in every field generate reports, else what differs."""
+    diffs = [name for name, a, b in (
+        ("tokens", live.tokens.tolist(), rep.tokens.tolist()), ("accepted", live.accepted, rep.accepted),
+        ("submitted", live.submitted, rep.submitted), ("drafted", live.drafted, rep.drafted),
+        ("draft_tokens", live.draft_tokens, rep.draft_tokens),
+        ("forwards", (live.target_forwards, live.drafter_forwards), (rep.target_forwards, rep.drafter_forwards)),
+        ("ended_by_eos", live.ended_by_eos, rep.ended_by_eos), ("policy", live.policy, rep.policy)) if a != b]
+    return ", ".join(f"{d}: live {getattr(live, d, None)} vs replay {getattr(rep, d, None)}" for d in diffs)
+
+
+# -- the recording ---------------------------------------------------------------------------------
+def test_recorded_text_and_chains_are_the_models_greedy_decodings(pair):
+    target, drafter, ids, recs = pair
+    assert any(r.ended_by_eos for r in recs) and any(not r.ended_by_eos for r in recs), \
+        f"the prompts should cover both endings: {[len(r.tokens) for r in recs]}"
+    with torch.inference_mode():
+        for x, rec in zip(ids, recs):
+            ref = target.generate(x, do_sample=False, max_new_tokens=N_NEW)[0, x.shape[1]:].tolist()
+            assert list(rec.tokens) == ref, (rec.tokens, ref)
+            for s in range(0, len(rec.tokens), 3):
+                ctx = torch.cat([x, torch.tensor([rec.tokens[:s]], dtype=torch.long)], 1)
+                want = rec.cap(s)
+                chain = [d.token for d in rec.chains[s]]
+                if want == 0:
+                    assert chain == []
+                    continue
+                greedy = drafter.generate(ctx, attention_mask=torch.ones_like(ctx), do_sample=False,
+                                          max_new_tokens=want, min_new_tokens=want, eos_token_id=None,
+                                          pad_token_id=0)[0, ctx.shape[1]:].tolist()
+                eos = drafter.generation_config.eos_token_id
+                eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos]) | set(rec.eos_token_ids)
+                cut = next((i + 1 for i, t in enumerate(greedy) if t in eos), len(greedy))
+                assert chain == greedy[:cut], f"position {s}: chain {chain} vs drafter's greedy {greedy[:cut]}"
+                L = next((i for i, (d, t) in enumerate(zip(chain, rec.tokens[s:])) if d != t),
+                         min(len(chain), len(rec.tokens) - s))
+                assert rec.matched[s] == L, (s, rec.matched[s], L)
+                # what the policies read is the drafter's distribution at that draft
+                for d in rec.chains[s][:2]:
+                    assert 0 <= d.q2 <= d.q1 <= 1 and d.rho >= 0
+
+
+def test_max_drafts_cuts_the_chains_and_replay_refuses_to_guess(pair):
+    target, drafter, ids, recs = pair
+    short = record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, max_drafts=3)
+    full = recs[0]
+    assert short.tokens == full.tokens
+    for s, (a, b) in enumerate(zip(short.chains, full.chains)):
+        assert a == b[:3], f"position {s}"
+    assert short.matched == tuple(min(m, len(c)) for m, c in zip(full.matched, short.chains))
+    for spec in ("constant:3", "confidence:0.5,3"):
+        assert not same_rounds(replay(full, spec), replay(short, spec)), spec
+    with pytest.raises(ValueError, match="max_drafts = 3"):
+        replay(short, "constant:4")
+
+
+# -- replay against live decoding ----------------------------------------------------------------
+@pytest.mark.parametrize("policy", LOSSLESS + list(CALIBRATED))
+def test_replay_is_live_decoding_round_for_round(pair, policy):
+    target, drafter, ids, recs = pair
+    for i, (x, rec) in enumerate(zip(ids, recs)):
+        live = generate(target, drafter, x, policy=policy, max_new_tokens=N_NEW)
+        rep = replay(rec, policy)
+        diff = same_rounds(live, rep)
+        assert not diff, f"{policy} on prompt {i}: {diff}"
+        assert modelled_cost(rep, CostModel(c=0.3, verify=(1.0, 1.4, 1.45))) == pytest.approx(
+            modelled_cost(live, CostModel(c=0.3, verify=(1.0, 1.4, 1.45))), rel=1e-15)
+
+
+@pytest.mark.parametrize("policy", ["certificate", "top1", "certificate:cal=kl", "heuristic"])
+def test_policy_state_carries_over_as_in_live_decoding(pair, policy):
+    """A Policy object warmed on other prompts (the comparison's calibration) replays as it decodes."""
+    target, drafter, ids, recs = pair
+    knobs = {"c": 0.1, "v1": 1.0, "dv": 0.0}
+    warm_live = parse_policy(policy, **knobs)
+    warm_rep = parse_policy(policy, **knobs)
+    for x, rec in zip(ids[1:], recs[1:]):
+        a = generate(target, drafter, x, policy=warm_live, max_new_tokens=N_NEW)
+        b = replay(rec, warm_rep)
+        assert not same_rounds(a, b), f"{policy} while warming: {same_rounds(a, b)}"
+    live = generate(target, drafter, ids[0], policy=warm_live.fresh(), max_new_tokens=N_NEW)
+    rep = replay(recs[0], warm_rep.fresh())
+    assert not same_rounds(live, rep), f"{policy} after warming: {same_rounds(live, rep)}"
+
+
+def test_replay_with_an_end_of_sequence_inside_the_text(pair):
+    target, drafter, ids, recs = pair
+    eos = recs[0].tokens[10]
+    rec = record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, eos_token_id=eos)
+    assert rec.ended_by_eos and rec.tokens == recs[0].tokens[:recs[0].tokens.index(eos) + 1]
+    for spec in ("constant:3", "heuristic", "confidence:0.4", "certificate"):
+        live = generate(target, drafter, ids[0], policy=spec, max_new_tokens=N_NEW, eos_token_id=eos)
+        assert live.ended_by_eos
+        assert not same_rounds(live, replay(rec, spec)), spec
+
+
+# -- the oracle ------------------------------------------------------------------------------------
+def random_chains(rng: np.random.Generator, n_max: int, kmax: int) -> RecordedChains:
+    """A text of small ids (0 is the end-of-sequence token) and chains whose first L_s drafts match it."""
+    budget = int(rng.integers(1, n_max + 1))
+    ended = bool(rng.integers(0, 2)) and budget > 1
+    n = int(rng.integers(1, budget)) if ended else budget
+    text = [int(t) for t in rng.integers(1, 4, size=n)]
+    if ended:
+        text[-1] = 0
+    chains = []
+    for s in range(n):
+        length = min(budget - s - 1, kmax)
+        L = int(rng.integers(0, min(length, n - s) + 1))
+        chain = list(text[s:s + L])
+        if not (chain and chain[-1] == 0):
+            while len(chain) < length:
+                chain.append(7 if len(chain) == L else int(rng.integers(1, 4)))
+        chains.append(tuple(DraftStep(t, 0.5, 0.25, 0.1) for t in chain))
+    return RecordedChains(tuple(text), tuple(chains), (0.0,) * n, budget, None, frozenset({0}), ended)
+
+
+def brute_force(rec: RecordedChains, costs: CostModel) -> float:
+    """Least total cost over every way to cut the text into rounds, each round priced at its cheapest draft count."""
+    n = len(rec.tokens)
+    best = math.inf
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        starts = [0] + [i + 1 for i, cut in enumerate(cuts) if cut] + [n]
+        total = 0.0
+        for s, nxt in zip(starts, starts[1:]):
+            # k submitted drafts emit the min(k, L_s) accepted ones and the target's token, unless the accepted
+            # drafts end the text (then the text's end-of-sequence token was the last accepted draft)
+            fits = [costs.verify_cost(k) + costs.c * k for k in range(len(rec.chains[s]) + 1)
+                    if min(s + min(k, rec.matched[s]) + 1, n) == nxt]
+            if not fits:
+                total = math.inf
+                break
+            total += min(fits)
+        best = min(best, total)
+    return best / n
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_oracle_is_the_least_cost_over_every_way_to_cut_the_text(seed):
+    rng = np.random.default_rng(seed)
+    rec = random_chains(rng, n_max=11, kmax=int(rng.integers(1, 6)))
+    # affine V as measured, and an arbitrary non-monotone table (submitting past L_s can then pay)
+    verify = (1.0,) + tuple(float(v) for v in rng.uniform(0.8, 2.0, size=6)) if seed % 2 else \
+        (1.0,) + tuple(1.0 + float(rng.uniform(0, 0.5)) + 0.05 * k for k in range(6))
+    costs = CostModel(c=float(rng.uniform(0.0, 1.0)), verify=verify)
+    want = brute_force(rec, costs)
+    got = oracle_cost(rec, costs)
+    assert got == pytest.approx(want, rel=1e-12), f"seed {seed}: dynamic programme {got} vs enumeration {want}"
+    plan_rounds = oracle_result(rec, costs)
+    assert modelled_cost(plan_rounds, costs) == pytest.approx(got, rel=1e-12)
+    assert plan_rounds.tokens.tolist() == list(rec.tokens)
+
+
+class Scripted(Policy):
+    """Draft and submit ``plan[r]`` tokens in round ``r``: a policy that knows the future."""
+
+    def __init__(self, plan: list[int]) -> None:
+        self.plan, self.round = list(plan), 0
+
+    def wants_draft(self, n_drafted: int) -> bool:
+        return n_drafted < self.plan[self.round]
+
+    def end_round(self, outcome: RoundOutcome) -> None:
+        self.round += 1
+
+    def __str__(self) -> str:
+        return "scripted"
+
+
+@pytest.mark.parametrize("costs", [CostModel(c=0.05, verify=(1.0,)), CostModel(c=0.36, verify=(1.0, 1.4, 1.45)),
+                                   CostModel(c=0.2, verify=(1.0, 1.02, 1.04))], ids=["gpu", "cpu", "gentle"])
+def test_live_decoding_reaches_the_oracle_and_no_policy_beats_it(pair, costs):
+    target, drafter, ids, recs = pair
+    for i, (x, rec) in enumerate(zip(ids, recs)):
+        limit = oracle_cost(rec, costs)
+        plan = oracle_plan(rec, costs)
+        live = generate(target, drafter, x, policy=Scripted(plan), max_new_tokens=N_NEW)
+        assert live.submitted == plan and live.accepted == [min(k, rec.matched[s]) for k, s in
+                                                             zip(plan, np.cumsum([0] + [a + 1 for a in live.accepted])[:-1])]
+        assert modelled_cost(live, costs) == pytest.approx(limit, rel=1e-12), f"prompt {i}"
+        for spec in LOSSLESS + ["certificate", "top1"]:
+            cost = modelled_cost(replay(rec, spec), costs)
+            assert cost >= limit - 1e-12, f"{spec} on prompt {i} costs {cost} below the oracle's {limit}"
+
+
+def test_recorded_chains_refuse_inconsistent_data():
+    step = DraftStep(1, 0.5, 0.2, 0.1)
+    with pytest.raises(ValueError, match="one chain and one KL per text position"):
+        RecordedChains((1, 2), ((step,),), (0.0, 0.0), 2)
+    with pytest.raises(ValueError, match="drafts at most 0"):
+        RecordedChains((1,), ((step,),), (0.0,), 1)
+    with pytest.raises(ValueError, match="without an end-of-sequence token"):
+        RecordedChains((1,), ((),), (0.0,), 3)
