@@ -2,6 +2,7 @@
 
 * :func:`small_texts`: every visible text (titles, labels, tick labels, legend entries,
   annotations) is at least ``min_pt`` points at the figure's own size;
+* :func:`too_small_when_shown`: ... and at least 9 pt at the size the book shows it;
 * :func:`overlapping`: pairs of rectangles (in display pixels) that intersect;
 * :func:`extent`: where an artist lands on the canvas after layout.
 """
@@ -59,3 +60,32 @@ def inside(inner: Bbox, outer: Bbox, tol: float = 0.5) -> bool:
     """Whether ``inner`` lies within ``outer`` (to ``tol`` pixels)."""
     return (inner.x0 >= outer.x0 - tol and inner.y0 >= outer.y0 - tol
             and inner.x1 <= outer.x1 + tol and inner.y1 <= outer.y1 + tol)
+
+
+def saved_width_in(fig: Figure) -> float:
+    """Width in inches of the PNG that ``save_figure`` writes (``bbox_inches="tight"``, padded
+    by ``savefig.pad_inches``), which the book stretches to the text column."""
+    import matplotlib as mpl
+
+    drawn(fig)
+    box = fig.get_tightbbox(fig.canvas.get_renderer())
+    return box.width + 2 * float(mpl.rcParams["savefig.pad_inches"])
+
+
+def displayed_sizes(fig: Figure) -> list[tuple[str, float]]:
+    """``(text, points)`` of every shown text at the size a reader sees it: the book shows each
+    figure at the column width (:data:`companion.figures.palette.DISPLAY_WIDTH_IN`), so a font
+    of ``s`` points in a figure ``w`` inches wide reads as ``s * column / w`` points."""
+    from companion.figures.palette import displayed_scale
+
+    scale = displayed_scale(saved_width_in(fig))
+    return [(t.get_text(), t.get_fontsize() * scale) for t in fig.findobj(Text) if _shown(t)]
+
+
+def too_small_when_shown(fig: Figure, min_pt: float | None = None) -> list[tuple[str, float]]:
+    """Shown texts under ``min_pt`` points (default :data:`~companion.figures.palette.MIN_DISPLAY_PT`)
+    at the displayed size."""
+    from companion.figures.palette import MIN_DISPLAY_PT
+
+    floor = MIN_DISPLAY_PT if min_pt is None else min_pt
+    return [(s, round(pt, 2)) for s, pt in displayed_sizes(fig) if pt < floor]

@@ -154,7 +154,7 @@ def test_round_lengths(tr):
 
 from companion.figures import palette as P  # noqa: E402
 from companion.figures import theory as T  # noqa: E402
-from tests.figure_checks import drawn, extent, overlapping, small_texts  # noqa: E402
+from tests.figure_checks import drawn, extent, inside, overlapping, small_texts, too_small_when_shown  # noqa: E402
 
 
 def _all_figures(tr) -> dict[str, Figure]:
@@ -179,6 +179,19 @@ def test_every_experiment_figure_is_readable(figs):
     assert set(figs) == set(E.FIGURE_NAMES)
     for name, fig in figs.items():
         assert small_texts(fig) == [], f"{name}: text under 8 pt"
+        assert too_small_when_shown(fig) == [], f"{name}: text under 9 pt at the book's column width"
+
+
+def test_experiment_panels_and_legends_do_not_overlap(figs):
+    """No panel (ticks, labels, title) runs into another or into a figure legend, and none is
+    cut off at the figure's edge."""
+    for name, fig in figs.items():
+        drawn(fig)
+        renderer = fig.canvas.get_renderer()
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        boxes += [leg.get_window_extent(renderer) for leg in fig.legends]
+        assert not overlapping(boxes, pad=1.0), name
+        assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
 
 
 def test_tree_widths_have_one_colour_across_the_book(tr):
@@ -275,7 +288,7 @@ def test_infinity_is_named_in_cdf_legend_and_kl_axis(tr, figs):
         assert (f"({share:.0%} of steps at +\u221e)" in entry) == (share > 0), entry
     kl = figs["kl_vs_certificate"]
     drawn(kl)
-    bottom_left = kl.axes[3]  # shared x: the bottom row carries the tick labels
+    bottom_left = kl.axes[4]  # two per row, shared x: the bottom row carries the tick labels
     assert "+\u221e" in [t.get_text() for t in bottom_left.get_xticklabels()]
 
 

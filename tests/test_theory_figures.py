@@ -164,7 +164,15 @@ def test_stochastic_contrast_worst_case_paths():
 
 from companion.bounds import additive_floor, multiplicative_floor  # noqa: E402
 from companion.figures import palette as P  # noqa: E402
-from tests.figure_checks import drawn, extent, inside, overlapping, small_texts  # noqa: E402
+from tests.figure_checks import (  # noqa: E402
+    drawn,
+    extent,
+    inside,
+    overlapping,
+    saved_width_in,
+    small_texts,
+    too_small_when_shown,
+)
 
 
 def _theory_figures() -> dict[str, Figure]:
@@ -194,6 +202,19 @@ def test_every_theory_figure_is_drawn_and_readable(theory_figs):
     assert set(theory_figs) == set(T.FIGURE_NAMES)
     for name, fig in theory_figs.items():
         assert small_texts(fig) == [], f"{name}: text under 8 pt"
+        assert too_small_when_shown(fig) == [], f"{name}: text under 9 pt at the book's column width"
+        assert saved_width_in(fig) <= P.DISPLAY_WIDTH_IN, f"{name}: wider than the column, shrunk on the page"
+
+
+def test_theory_panels_do_not_overlap(theory_figs):
+    """Stacked or side by side, no panel (with its tick labels, axis labels and title) runs
+    into another, and every one lies inside the saved figure."""
+    for name, fig in theory_figs.items():
+        drawn(fig)
+        renderer = fig.canvas.get_renderer()
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+        assert not overlapping(boxes, pad=1.0), name
+        assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
 
 
 def _legend_texts(fig: Figure) -> list[str]:
@@ -211,12 +232,13 @@ def test_relaxed_figure_legend_names_every_floor(theory_figs):
         "multiplicative:0.1": multiplicative_floor(0.1, p1).numpy(),
         "typical:0.09,0.3": multiplicative_floor(0.3, p1).numpy(),  # alpha = delta
     }
-    legend_handles = ax_a.get_legend().legend_handles
+    (legend,) = fig.legends  # one legend under both panels
+    legend_handles = legend.legend_handles
     for spec, want in expected.items():
         (floor,) = _by_gid(fig, f"floor:{spec}")
         assert any(t.startswith(f"floor of {spec}") for t in texts), (spec, texts)
         # the legend entry is the floor's own line: same colour and dash as drawn
-        entry = [h for h, t in zip(legend_handles, [t.get_text() for t in ax_a.get_legend().get_texts()])
+        entry = [h for h, t in zip(legend_handles, [t.get_text() for t in legend.get_texts()])
                  if t.startswith(f"floor of {spec}")]
         assert entry and entry[0].get_color() == floor.get_color() and entry[0].get_linestyle() == floor.get_linestyle()
         assert floor.get_color() == P.criterion_color(spec)

@@ -23,12 +23,13 @@ from companion.figures.palette import (
     INF_LABEL,
     LEGEND_SIZE,
     REJECT,
-    TICK_SIZE,
     TITLE_SIZE,
     criterion_color,
     inf_band,
+    new_figure,
     series_label,
     series_style,
+    set_sizes,
 )
 from companion.figures.palette import series_color as _palette_series_color
 
@@ -105,9 +106,11 @@ def distinct_labels(values: np.ndarray, min_digits: int = 2, max_digits: int = 8
     return [f"{v:.{max_digits}g}" for v in values]
 
 
-def _margin_ticks(ax, x: np.ndarray, centers: np.ndarray) -> None:
-    ax.set_xticks(x, distinct_labels(centers), rotation=30, ha="right", rotation_mode="anchor",
-                  fontsize=TICK_SIZE)
+def _margin_ticks(ax, x: np.ndarray, centers: np.ndarray, rotation: float = 30) -> None:
+    # Set after set_sizes: these labels keep their own size, the smallest the book allows, so
+    # eight of them fit under a half-width panel.
+    ax.set_xticks(x, distinct_labels(centers), rotation=rotation, ha="right", rotation_mode="anchor",
+                  fontsize=LEGEND_SIZE)
 
 
 def ecdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -128,8 +131,8 @@ def certificate_cdf(traces: A.Traces, criteria: Sequence[str] | None = None, tre
     A curve that stops below 1 has that share of steps at ``+inf`` (the criterion rejects
     nothing); the legend gives the share.
     """
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
-    ax_c, ax_t = fig.subplots(1, 2, sharey=True)
+    fig = new_figure(7.0)
+    ax_c, ax_t = fig.subplots(2, 1, sharex=True)
     series = _series(traces, criteria, tree_widths, divergence)
     if tree_widths:  # strict greedy is the width-1 tree: the reference in panel (b), listed first
         series = {**{k: v for k, v in series.items() if not k.startswith("tree:")},
@@ -151,13 +154,12 @@ def certificate_cdf(traces: A.Traces, criteria: Sequence[str] | None = None, tre
     div = "p||q" if divergence == "forward" else "q||p"
     for ax, title in ((ax_c, "(a) criteria"), (ax_t, "(b) greedy trees; dotted: ceilings log(m+1)")):
         ax.set_xscale("log")
-        ax.set_xlabel(f"certificate $\\rho^*$ (nats, KL({div}))")
         ax.set_title(title, fontsize=TITLE_SIZE)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=LEGEND_SIZE, loc="upper left")
-        ax.tick_params(labelsize=TICK_SIZE)
-    ax_c.set_ylabel("share of steps with certificate $\\leq$ x")
-    return fig
+        ax.set_ylabel("share of steps with $\\rho^* \\leq$ x")
+    ax_t.set_xlabel(f"certificate $\\rho^*$ (nats, KL({div}))")
+    return set_sizes(fig)
 
 
 def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.1, 0.5), n_bins: int = 8,
@@ -181,7 +183,7 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
     n_panels = 1 + len(budgets)
     ncols = 2 if n_panels in (2, 4) else min(n_panels, 3)
     nrows = math.ceil(n_panels / ncols)
-    fig = Figure(figsize=(5.5 * ncols, 3.7 * nrows + 0.9), layout="constrained")
+    fig = new_figure(2.7 * nrows + 1.2)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True).ravel()
     ax0 = axes[0]
     medians = {label: A.median_by_bin(v, bins, curves.n_bins) for label, v in series.items()}
@@ -199,8 +201,8 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
     ax0.set_yscale("log")
     if any_inf:
         inf_band(ax0, top)
-    ax0.set_ylabel("median certificate in bin (nats)")
-    ax0.set_title("(a) median certificate vs margin", fontsize=TITLE_SIZE)
+    ax0.set_ylabel("median \u03c1* in bin (nats)")
+    ax0.set_title("(a) median certificate", fontsize=TITLE_SIZE)
     vacuous = {label: A.fraction_by_bin(np.isinf(v), bins, curves.n_bins)[0] for label, v in series.items()
                if np.isinf(v).any()}
     for ax, (e, eps) in zip(axes[1:], enumerate(curves.eps)):
@@ -213,19 +215,19 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
             area.set_gid(f"vacuous:{label}:eps={eps:g}")
         ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel("share of bin certified")
-        ax.set_title(f"({chr(ord('b') + e)}) certified at KL budget $\\varepsilon$ = {eps:g} nats", fontsize=TITLE_SIZE)
+        ax.set_title(f"({chr(ord('b') + e)}) certified at $\\varepsilon$ = {eps:g} nats", fontsize=TITLE_SIZE)
     for ax in axes[n_panels:]:
         ax.set_visible(False)
+    set_sizes(fig)
     for i, ax in enumerate(axes[:n_panels]):
         ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=TICK_SIZE)
         if i >= n_panels - ncols:  # bottom panel of each column: ticks and label
-            _margin_ticks(ax, x, curves.centers)
+            _margin_ticks(ax, x, curves.centers, rotation=45 if ncols > 1 else 30)
             ax.xaxis.set_tick_params(labelbottom=True)
             ax.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median)")
     if vacuous:
         handles.append(_vacuous_patch())
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=LEGEND_SIZE + 1,
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=LEGEND_SIZE,
                frameon=False)
     return fig
 
@@ -234,7 +236,7 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
                          tree_widths: Sequence[int] = (2, 4, 8), divergence: str = "forward") -> Figure:
     """Mean certified run length against the per-step KL budget ``eps`` (log scale), per criterion and tree width."""
     curves = A.run_length_curves(traces, eps, criteria, tree_widths, divergence)
-    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    fig = new_figure(4.8)
     ax = fig.subplots()
     for label, y in curves.items():
         (ln,) = ax.plot(np.asarray(eps), y, label=_pretty(label), **_style(label))
@@ -247,12 +249,12 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
     ax.set_xscale("log")
     ax.set_xlabel("per-step KL budget $\\varepsilon$ (nats)")
     ax.set_ylabel("mean certified run length (tokens)")
-    ax.set_title(f"Tokens guaranteed accepted from a random step (trajectories of {mean_len:.0f} steps on average)",
+    ax.set_title(f"Tokens guaranteed accepted from a random step\n(trajectories of {mean_len:.0f} steps on average)",
                  fontsize=TITLE_SIZE)
     ax.grid(alpha=0.3, which="both")
-    ax.tick_params(labelsize=TICK_SIZE)
-    ax.legend(fontsize=LEGEND_SIZE, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return fig
+    # under the panel, not beside it: beside it would take a third of the width
+    fig.legend(handles=ax.get_lines(), fontsize=LEGEND_SIZE, loc="outside lower center", ncols=3, frameon=False)
+    return set_sizes(fig)
 
 
 # -- chapter 8 ----------------------------------------------------------------------------------
@@ -268,7 +270,7 @@ def drafter_acceptance(traces: A.Traces, criteria: Sequence[str] | None = None) 
     from matplotlib.patches import Patch
 
     rows = A.acceptance_table(traces, criteria)
-    fig = Figure(figsize=(10, 4.4), layout="constrained")
+    fig = new_figure(4.6)
     ax = fig.subplots()
     x = np.arange(len(rows))
     width = 0.27
@@ -291,13 +293,16 @@ def drafter_acceptance(traces: A.Traces, criteria: Sequence[str] | None = None) 
                 patch.set_gid(f"vacuous_{attr.split('_')[1]}:{r.criterion}")
         handles.append(_vacuous_patch())
     # Specs like "typical:0.09,0.3" break after the colon: two short lines, horizontal, never clipped.
-    ax.set_xticks(x, [r.criterion.replace(":", ":\n", 1) for r in rows], fontsize=TICK_SIZE)
-    ax.tick_params(axis="y", labelsize=TICK_SIZE)
+    set_sizes(fig)
+    # "multiplicative:" is the widest label: at the smallest size the book allows it fits its slot.
+    ax.set_xticks(x, [r.criterion.replace(":", ":\n", 1) for r in rows], fontsize=LEGEND_SIZE)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("share of steps")
-    ax.set_title("The drafter's greedy token: accepted vs certified", fontsize=TITLE_SIZE)
+    fig.suptitle("The drafter's greedy token: accepted vs certified", fontsize=TITLE_SIZE)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(handles=handles, fontsize=LEGEND_SIZE, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # above the bars, where it covers none of them
+    ax.legend(handles=handles, fontsize=LEGEND_SIZE, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=2,
+              frameon=False)
     return fig
 
 
@@ -312,8 +317,8 @@ def tightness_by_margin(traces: A.Traces, n_bins: int = 8, criteria: Sequence[st
     edges = A.margin_bin_edges(margin, n_bins)
     tight = A.tightness_by_bin(traces, edges, criteria, divergence)
     bins = A.bin_index(margin, edges)
-    fig = Figure(figsize=(11, 4.9), layout="constrained")
-    ax_t, ax_a = fig.subplots(1, 2, sharex=True)
+    fig = new_figure(7.0)
+    ax_t, ax_a = fig.subplots(2, 1, sharex=True)
     x = np.arange(tight.n_bins)
     handles = []
     any_vacuous = False
@@ -336,21 +341,21 @@ def tightness_by_margin(traces: A.Traces, n_bins: int = 8, criteria: Sequence[st
     ax_t.set_title("(a) tightness: share of acceptances the certificate explains", fontsize=TITLE_SIZE)
     ax_a.set_ylabel("share of bin accepted")
     ax_a.set_title("(b) actual acceptance of the drafter's token", fontsize=TITLE_SIZE)
+    set_sizes(fig)
     for ax in (ax_t, ax_a):
-        _margin_ticks(ax, x, tight.centers)
-        ax.tick_params(labelsize=TICK_SIZE)
-        ax.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
+    _margin_ticks(ax_a, x, tight.centers)  # shared x: the bottom panel carries the ticks
+    ax_a.set_xlabel("target margin $p_{(1)} - p_{(2)}$ (bin median; equal-count bins)")
     if any_vacuous:
         handles.append(_vacuous_patch())
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=LEGEND_SIZE + 1,
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3), fontsize=LEGEND_SIZE,
                frameon=False)
     return fig
 
 
 def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, divergence: str = "forward",
-                      max_points: int = 20000, seed: int = 0, ncols: int = 3) -> Figure:
+                      max_points: int = 20000, seed: int = 0, ncols: int = 2) -> Figure:
     """One panel per criterion: the drafter's ``KL`` against the target's certificate, step by step.
 
     Below the diagonal ``KL = rho*`` a step is certified; soundness says no red (rejected)
@@ -367,7 +372,7 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
     if n > max_points:
         idx = np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
     nrows = math.ceil(len(crits) / ncols)
-    fig = Figure(figsize=(3.8 * ncols, 3.4 * nrows + 0.5), layout="constrained")
+    fig = new_figure(2.5 * nrows + 0.8)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
     rho_all = np.concatenate([traces.cert(c, divergence)[idx] for c in crits]) if crits else np.zeros(0)
     finite = rho_all[np.isfinite(rho_all)]
@@ -392,9 +397,8 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
         ax.set_yscale("log")
         ax.set_xlim(x_floor / 1.5, right * 1.5)
         ax.set_ylim(y_floor / 1.5, right * 1.5)
-        ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=TITLE_SIZE - 1)
+        ax.set_title(f"{c}: {float((kl < traces.cert(c, divergence)).mean()):.0%} certified", fontsize=TITLE_SIZE)
         ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=TICK_SIZE)
     if any_inf and crits:
         for ax in axes[:len(crits)]:
             inf_band(ax, right, axis="x", label="")
@@ -413,15 +417,14 @@ def kl_vs_certificate(traces: A.Traces, criteria: Sequence[str] | None = None, d
             from matplotlib.patches import Patch
 
             handles.append(Patch(facecolor="0.85", label=INF_LABEL))
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=LEGEND_SIZE + 1,
-                   frameon=False)
-    return fig
+        fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=LEGEND_SIZE, frameon=False)
+    return set_sizes(fig)
 
 
 def tree_coverage(traces: A.Traces, widths: Sequence[int] = tuple(range(1, 9)), divergence: str = "forward") -> Figure:
     """Share of steps whose greedy token is in the drafter's top-``m``: actual vs certified, ``m = 1..8``."""
     cov = A.tree_coverage(traces, widths, divergence)
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    fig = new_figure(4.2)
     ax = fig.subplots()
     (l1,) = ax.plot(cov.widths, cov.covered, marker="o", color=_ACCEPT, label="covered (actual)")
     (l2,) = ax.plot(cov.widths, cov.certified, marker="s", color="0.25", ls="--",
@@ -429,18 +432,17 @@ def tree_coverage(traces: A.Traces, widths: Sequence[int] = tuple(range(1, 9)), 
     l1.set_gid("covered")
     l2.set_gid("certified")
     ax.set_xticks(cov.widths)
-    ax.tick_params(labelsize=TICK_SIZE)
     ax.set_xlabel("tree width m (drafter's top-m tokens)")
     ax.set_ylabel("share of steps")
     ax.set_ylim(0, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=LEGEND_SIZE, loc="lower right")
     ax.set_title("Greedy trees: the target's token among the drafter's top m", fontsize=TITLE_SIZE)
-    return fig
+    return set_sizes(fig)
 
 
 def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1, 17)), criteria: Sequence[str] | None = None,
-                  eps: float | None = None, divergence: str = "forward", ncols: int = 3) -> Figure:
+                  eps: float | None = None, divergence: str = "forward", ncols: int = 2) -> Figure:
     """Mean accepted draft tokens per round vs draft length ``K``: measured, certified, scalar-budget prediction.
 
     Definitions in :func:`companion.analysis.accepted_length_per_round`; the grey line is ``K``.
@@ -451,7 +453,7 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
     r = A.accepted_length_per_round(traces, draft_lengths, criteria, eps, divergence)
     crits = list(r.measured)
     nrows = math.ceil(len(crits) / ncols)
-    fig = Figure(figsize=(3.8 * ncols, 3.2 * nrows + 0.5), layout="constrained")
+    fig = new_figure(2.3 * nrows + 1.0)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
     k = r.draft_lengths
     for ax, c in zip(axes, crits):
@@ -463,9 +465,8 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
         a.set_gid(f"measured:{c}")
         b.set_gid(f"certified:{c}")
         d.set_gid(f"budget:{c}")
-        ax.set_title(c, fontsize=TITLE_SIZE - 1)
+        ax.set_title(c, fontsize=TITLE_SIZE)
         ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=TICK_SIZE)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, float(k.max()) * 1.05 if k.size else 1.0)  # shared: no panel hides its lines
     for ax in axes[len(crits):]:
@@ -480,6 +481,5 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
                    Line2D([], [], color=key, lw=1.4, ls="--", label="certified (per-step KL)"),
                    Line2D([], [], color=key, lw=1.2, ls=":", label=f"prediction at budget $\\varepsilon$ = {r.eps:.2g} nats"),
                    Line2D([], [], color="grey", lw=0.6, label="K: every draft token accepted")]
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=LEGEND_SIZE + 1,
-                   frameon=False)
-    return fig
+        fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=LEGEND_SIZE, frameon=False)
+    return set_sizes(fig)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+from matplotlib.figure import Figure
+
 from companion.criteria import parse_criterion
 
 __all__ = [
@@ -27,6 +29,9 @@ __all__ = [
     "REJECT",
     "NOT_CERTIFIED",
     "EXAMPLE_COLORS",
+    "DISPLAY_WIDTH_IN",
+    "MIN_DISPLAY_PT",
+    "FIG_WIDTH",
     "TICK_SIZE",
     "LABEL_SIZE",
     "LEGEND_SIZE",
@@ -38,6 +43,9 @@ __all__ = [
     "series_style",
     "series_label",
     "inf_band",
+    "new_figure",
+    "set_sizes",
+    "displayed_scale",
 ]
 
 CRITERION_COLORS: dict[str, str] = {
@@ -75,11 +83,25 @@ EXAMPLE_COLORS: tuple[str, ...] = ("#01665e", "#c51b7d", "#8a6d0b")
 divergences, chapter 3's top-two masses, chapter 6's worst-case paths): none is a criterion's or
 a tree's colour."""
 
-TICK_SIZE = 9
+DISPLAY_WIDTH_IN = 672 / 96
+"""Width (inches, at 96 CSS px per inch) at which the book shows every figure: the staged page
+sets each figure to ``width: 100%`` of the text column, 672 px at a 1280 px window (measured in
+Chromium). A figure saved ``w`` inches wide is scaled by ``DISPLAY_WIDTH_IN / w`` on the page."""
+
+MIN_DISPLAY_PT = 9.0
+"""Smallest text (points) a reader may be shown, at the displayed size."""
+
+FIG_WIDTH = 6.6
+"""Width (inches) of every figure: a little under the column, so that with the saved figure's
+tight margins a font is shown at about 1.04 times its size and none of the sizes below reads
+under :data:`MIN_DISPLAY_PT`. Panels go at most two to a row; wider layouts stack vertically."""
+
+TICK_SIZE = 10
 LABEL_SIZE = 10
-LEGEND_SIZE = 8
+LEGEND_SIZE = 9
 TITLE_SIZE = 10
-"""Font sizes (points at the figure's own size); nothing in a figure is smaller than 8 pt."""
+"""Font sizes (points at the figure's own size). Nothing is drawn under ``LEGEND_SIZE``; the
+decode-time figures write bar values at ``TICK_SIZE - 1``."""
 
 INF_LABEL = "+\u221e (rejects nothing)"
 """How the ``+inf`` band is labelled."""
@@ -147,3 +169,24 @@ def _log_tick(t: float) -> str:
     """``$10^{k}$`` for a power of ten, else the number."""
     k = math.log10(t) if t > 0 else math.nan
     return f"$10^{{{round(k)}}}$" if math.isfinite(k) and abs(k - round(k)) < 1e-9 else f"{t:g}"
+
+
+def new_figure(height: float, width: float = FIG_WIDTH) -> Figure:
+    """A pyplot-free, constrained-layout figure ``width`` x ``height`` inches (the book's width
+    by default)."""
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def set_sizes(fig: Figure) -> Figure:
+    """Give every axis of ``fig`` the book's tick and label sizes (texts placed by the figure code
+    set their own from the constants above). Returns ``fig``."""
+    for ax in fig.axes:
+        ax.tick_params(which="both", labelsize=TICK_SIZE)
+        ax.xaxis.label.set_fontsize(LABEL_SIZE)
+        ax.yaxis.label.set_fontsize(LABEL_SIZE)
+    return fig
+
+
+def displayed_scale(saved_width_in: float) -> float:
+    """How much the book scales a figure saved ``saved_width_in`` inches wide (fonts included)."""
+    return DISPLAY_WIDTH_IN / saved_width_in

@@ -35,10 +35,11 @@ from companion.figures.palette import (
     LEGEND_SIZE,
     NOT_CERTIFIED,
     REJECT,
-    TICK_SIZE,
     TITLE_SIZE,
     criterion_color,
     inf_band,
+    new_figure,
+    set_sizes,
     tree_color,
 )
 from companion.stochastic import acceptance_probability, pinsker_lower_bound
@@ -74,7 +75,7 @@ _ACCEPT, _REJECT = ACCEPT, REJECT
 # -- chapter 1 ------------------------------------------------------------------------------
 
 
-def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, ncols: int = 3) -> Figure:
+def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, ncols: int = 2) -> Figure:
     """One panel per criterion: the sorted target, its threshold ``tau(p)`` and rejection region.
 
     Bars are the sorted probabilities (log scale), green where accepted and red where rejected;
@@ -90,7 +91,7 @@ def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, 
     ps = torch.sort(p / p.sum(), descending=True).values
     ranks = np.arange(1, ps.numel() + 1)
     nrows = math.ceil(len(criteria) / ncols)
-    fig = Figure(figsize=(3.6 * ncols, 2.9 * nrows + 0.4), layout="constrained")
+    fig = new_figure(2.4 * nrows + 0.7)
     axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
     for ax, spec in zip(axes, criteria):
         c = parse_criterion(spec)
@@ -107,7 +108,7 @@ def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, 
         line = ax.axhline(tau, color="black", ls="--", lw=1)
         line.set_gid(f"tau:{c}")
         rel = ">" if c.strict else "\u2265"
-        ax.set_title(f"{c}: accept iff $p_y$ {rel} \u03c4 = {tau:.3g}", fontsize=9)
+        ax.set_title(f"{c}\naccept iff $p_y$ {rel} \u03c4 = {tau:.3g}", fontsize=TITLE_SIZE)
         ax.set_yscale("log")
         ax.set_xticks(ranks[:: max(1, len(ranks) // 6)])
         ax.set_xlabel("rank of token under p")
@@ -121,8 +122,8 @@ def criteria_level_sets(p: Tensor, criteria: Sequence[str] = PAPER_CRITERIA, *, 
         Patch(facecolor=_REJECT, edgecolor="black", lw=1.6, label="y*: most likely rejected token"),
         Line2D([], [], color="black", ls="--", lw=1, label="threshold \u03c4(p)"),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=LEGEND_SIZE + 1, frameon=False)
-    return fig
+    fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=LEGEND_SIZE, frameon=False)
+    return set_sizes(fig)
 
 
 # -- chapter 2 ------------------------------------------------------------------------------
@@ -138,8 +139,8 @@ def exact_certificate_witness(p: Tensor, criterion: str = "topm:2") -> Figure:
     v = ps.numel()
     x = np.arange(1, v + 1)
     rejected = c.rejection_mask(ps).numpy()
-    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
-    ax_q, ax_c = fig.subplots(1, 2)
+    fig = new_figure(6.6)
+    ax_q, ax_c = fig.subplots(2, 1)
     w = 0.27
     ax_q.bar(x - w, ps.numpy(), width=w, color="0.6", label="target $p$")
     # Forward and reverse are two divergences, not criteria: two colours used for nothing else.
@@ -170,15 +171,15 @@ def exact_certificate_witness(p: Tensor, criterion: str = "topm:2") -> Figure:
             ax_c.plot([first], [rho], marker="*", ms=14, color=styles[div][0], mec="black", ls="none")
         # The label sits inside the axes, above and left of the star, clear of the legend and curves.
         ann = ax_c.annotate("\u03c1* = C(p, y*)", (first, float(certificate(ps, c, "forward"))),
-                            xytext=(0.06, 0.42), textcoords="axes fraction", fontsize=LEGEND_SIZE + 1,
+                            xytext=(0.06, 0.42), textcoords="axes fraction", fontsize=LEGEND_SIZE,
                             ha="left", va="bottom", arrowprops={"arrowstyle": "->", "lw": 0.8})
         ann.set_gid("rho-label")
     ax_c.set_xlabel("proposed token y (rank under p)")
-    ax_c.set_ylabel("cost C(p, y) of making y the argmax (nats)")
+    ax_c.set_ylabel("cost C(p, y)  (nats)")
     ax_c.set_xticks(x)
     ax_c.set_title("(b) per-token cost: non-increasing in $p_y$", fontsize=TITLE_SIZE)
     ax_c.legend(fontsize=LEGEND_SIZE, frameon=False, loc="upper left")
-    return fig
+    return set_sizes(fig)
 
 
 # -- chapter 3 ------------------------------------------------------------------------------
@@ -192,8 +193,8 @@ def strict_greedy_margin(
     ``Delta^2/(2s) <= rho* <= Delta^2/s`` shaded and the ceiling ``log 2``; (b) the ratio
     ``rho* / (Delta^2/(2s))`` against ``Delta/s``: every ``s`` falls on one curve from 1 to
     ``2 log 2``."""
-    fig = Figure(figsize=(10.5, 3.9), layout="constrained")
-    ax_a, ax_b = fig.subplots(1, 2)
+    fig = new_figure(6.6)
+    ax_a, ax_b = fig.subplots(2, 1)
     # s is a parameter of the target, neither a criterion nor a tree: the example colours.
     colors = [EXAMPLE_COLORS[i % len(EXAMPLE_COLORS)] for i in range(len(s_values))]
     n = len(s_values)
@@ -232,7 +233,7 @@ def strict_greedy_margin(
     ax_b.set_ylabel("\u03c1* / (\u0394\u00b2 / 2s)")
     ax_b.set_title("(b) one curve for every s: 2 \u03c6\u2081(u)/u\u00b2", fontsize=TITLE_SIZE)
     ax_b.legend(fontsize=LEGEND_SIZE, frameon=False, loc="upper left", bbox_to_anchor=(0.0, 0.85))
-    return fig
+    return set_sizes(fig)
 
 
 # -- chapter 4 ------------------------------------------------------------------------------
@@ -260,8 +261,8 @@ def relaxed_criteria_certificates(
     p = geometric_tail_target(p1, vocab, ratio)
     gamma = (p[:, 0] - p[:, 1]).numpy()
     greedy = certificate(p, StrictGreedy())
-    fig = Figure(figsize=(11, 4.6), layout="constrained")
-    ax_a, ax_b = fig.subplots(1, 2)
+    fig = new_figure(8.4)
+    ax_a, ax_b = fig.subplots(2, 1)
     x = p1.numpy()
     finite_max = 0.0
     certs = {}
@@ -317,17 +318,15 @@ def relaxed_criteria_certificates(
     ax_a.set_xlabel("target top-1 probability p(1)")
     ax_a.set_ylabel("\u03c1*  (nats, forward KL)")
     ax_a.set_title(f"(a) certificates and floors (geometric tail, V = {vocab}, ratio {ratio:g})", fontsize=TITLE_SIZE)
-    ax_a.legend(handles=handles, fontsize=LEGEND_SIZE, frameon=False, loc="lower right")
+    # Ten entries would cover the curves inside a panel: they go under both panels (same colours).
+    fig.legend(handles=handles, fontsize=LEGEND_SIZE, frameon=False, loc="outside lower center", ncols=2)
     ax_b.set_xscale("log")
     ax_b.set_yscale("log")
     ax_b.axhline(1.0, color="0.3", lw=1)
     ax_b.set_xlabel("top-2 margin \u03b3 = p(1) \u2212 p(2)")
     ax_b.set_ylabel("\u03c1*(criterion) / \u03c1*(greedy)")
     ax_b.set_title("(b) enlargement over strict greedy (finite \u03c1* only)", fontsize=TITLE_SIZE)
-    ax_b.legend(fontsize=LEGEND_SIZE, frameon=False)
-    for ax in (ax_a, ax_b):
-        ax.tick_params(labelsize=TICK_SIZE)
-    return fig
+    return set_sizes(fig)
 
 
 # -- chapter 5 ------------------------------------------------------------------------------
@@ -349,8 +348,8 @@ def tree_margin(
     from matplotlib.lines import Line2D
 
     panels = 3 if random_targets is not None else 2
-    fig = Figure(figsize=(4.0 * panels, 4.2), layout="constrained")
-    axes = fig.subplots(1, panels)
+    fig = new_figure(2.6 * panels + 0.2)
+    axes = fig.subplots(panels, 1)
     g = torch.linspace(0, 1, n_grid + 1, dtype=torch.float64)
     gpos = g[1:]
     width_handles = []
@@ -379,11 +378,13 @@ def tree_margin(
     axes[0].set_xlabel("top-2 margin \u03b3")
     axes[0].set_ylabel("nats (forward KL)")
     axes[0].set_title("(a) margin-only certificate \u03c6\u2098(\u03b3)", fontsize=TITLE_SIZE)
-    axes[0].legend(handles=width_handles + style_a, fontsize=LEGEND_SIZE, frameon=False, loc="upper left")
+    # Legends right of the panels: inside they would cover the ceilings, which span the panel.
+    right = {"fontsize": LEGEND_SIZE, "frameon": False, "loc": "center left", "bbox_to_anchor": (1.01, 0.5)}
+    axes[0].legend(handles=width_handles + style_a, **right)
     axes[1].set_xlabel("top-2 margin \u03b3")
     axes[1].set_ylabel("\u03c6\u2098(\u03b3) / \u03b3\u00b2  (nats)")
     axes[1].set_title("(b) quadratic constants", fontsize=TITLE_SIZE)
-    axes[1].legend(handles=style_b, fontsize=LEGEND_SIZE, frameon=False, loc="upper right")
+    axes[1].legend(handles=width_handles + style_b, **right)
     if random_targets is not None:
         p = torch.as_tensor(random_targets, dtype=torch.float64)
         top2 = torch.topk(p, 2, dim=-1).values
@@ -402,8 +403,8 @@ def tree_margin(
         axes[2].set_title("(c) random targets sit above \u03c6\u2098(\u03b3)", fontsize=TITLE_SIZE)
         axes[2].legend(handles=[Line2D([], [], color=key, ls="none", marker="o", ms=3, alpha=0.5, label="random target"),
                                 Line2D([], [], color=key, lw=1.5, label="\u03c6\u2098(\u03b3)")],
-                       fontsize=LEGEND_SIZE, frameon=False, loc="lower right")
-    return fig
+                       **right)
+    return set_sizes(fig)
 
 
 # -- chapter 6 ------------------------------------------------------------------------------
@@ -434,8 +435,8 @@ def stochastic_contrast(
     rho = certificate(p, c)
     accepted = c.accepts(p, torch.argmax(q, dim=-1))
     certified = kl < rho
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
-    ax_a, ax_b = fig.subplots(1, 2)
+    fig = new_figure(7.0)
+    ax_a, ax_b = fig.subplots(2, 1)
     groups = (
         ("certified", certified, _ACCEPT, f"{c}: certified (KL < \u03c1*)"),
         ("accepted", accepted & ~certified, NOT_CERTIFIED, f"{c}: accepted, not certified"),
@@ -449,7 +450,7 @@ def stochastic_contrast(
     ln.set_gid("pinsker")
     ax_a.set_xscale("log")
     ax_a.set_xlabel("KL(p||q)  (nats)")
-    ax_a.set_ylabel("speculative sampling: P(accept) = 1 \u2212 TV")
+    ax_a.set_ylabel("P(accept) = 1 \u2212 TV")
     ax_a.set_title("(a) random pairs: an expectation that degrades smoothly", fontsize=TITLE_SIZE)
     ax_a.legend(fontsize=LEGEND_SIZE, frameon=False, loc="lower left", markerscale=2)
     # t = 1 exactly is the witness (a tie); the grid steps over it.
@@ -484,4 +485,4 @@ def stochastic_contrast(
     ax_b.set_ylabel("acceptance (probability)")
     ax_b.set_title(f"(b) worst case: {c} is certain up to \u03c1*, then fails", fontsize=TITLE_SIZE)
     ax_b.legend(handles=handles, fontsize=LEGEND_SIZE, frameon=False, loc="lower left")
-    return fig
+    return set_sizes(fig)
