@@ -16,8 +16,10 @@ import torch
 
 from companion.speculative import (
     CALIBRATED,
+    ORACLE,
     CostModel,
     DraftStep,
+    GridRow,
     Policy,
     RecordedChains,
     RoundOutcome,
@@ -29,7 +31,10 @@ from companion.speculative import (
     parse_policy,
     record_chains,
     replay,
+    replay_comparison,
+    replay_grid,
 )
+from companion.speculative.replay import gap_sentence, goal_sentence, versus_sentence
 
 N_NEW = 24
 LOSSLESS = ["constant:0", "constant:1", "constant:4", "constant:8", "heuristic", "heuristic:5", "heuristic:20,0.4",
@@ -242,3 +247,133 @@ def test_recorded_chains_refuse_inconsistent_data():
         RecordedChains((1,), ((step,),), (0.0,), 1)
     with pytest.raises(ValueError, match="without an end-of-sequence token"):
         RecordedChains((1,), ((),), (0.0,), 3)
+
+
+# -- the comparison from recordings and the cost-model grid ------------------------------------------
+def test_replayed_comparison_is_the_live_comparison(pair):
+    from companion.speculative import compare_policies
+
+    target, drafter, ids, _ = pair
+    evals, calib = ids[:2], ids[2:3]
+    costs = CostModel(c=0.3, verify=(1.0,) + tuple(1.2 + 0.05 * (k - 1) for k in range(1, 41)))
+    builtins = ["constant:0", "constant:2", "confidence:0.4", "heuristic"]
+    live = compare_policies(target, drafter, evals, calib, max_new_tokens=12, builtins=builtins, costs=costs)
+    recs = [record_chains(target, drafter, x, max_new_tokens=12) for x in ids[:3]]
+    rep = replay_comparison(recs[:2], recs[2:], costs, builtins=builtins)
+    assert rep.lossless, rep.lossless_failures
+    assert [p for p in rep.policies if p != ORACLE] == live.policies
+    for name in live.policies:
+        for i, (a, b) in enumerate(zip(live.results[name], rep.results[name])):
+            assert not same_rounds(a, b), f"{name} on prompt {i}: {same_rounds(a, b)}"
+        assert rep.summary(name).cost_per_token == pytest.approx(live.summary(name).cost_per_token, rel=1e-12)
+        assert rep.summary(name).cost_per_token >= rep.summary(ORACLE).cost_per_token - 1e-12
+
+
+def test_grid_rows_price_every_policy_against_the_oracle(pair):
+    _, _, _, recs = pair
+    grid = [("flat", CostModel(c=0.05, verify=(1.0,))), ("cpu", CostModel(c=0.36, verify=(1.0, 1.4, 1.45)))]
+    builtins = ["constant:0", "constant:2", "constant:5", "confidence:0.4", "heuristic"]
+    rows = replay_grid(recs[:3], recs[3:], grid, builtins=builtins, calibrated=["certificate", "top1"], n_boot=200)
+    assert [(r.shape, r.c) for r in rows] == [("flat", 0.05), ("cpu", 0.36)]
+    for row, (_, costs) in zip(rows, grid):
+        cmp = replay_comparison(recs[:3], recs[3:], costs, builtins=builtins, calibrated=["certificate", "top1"],
+                                cold=False)
+        tokens = sum(len(r.tokens) for r in cmp.results["constant:0"])
+        limit = sum(oracle_cost(ch, costs) * len(ch.tokens) for ch in recs[:3]) / tokens
+        assert row.oracle_cost == pytest.approx(limit, rel=1e-12)
+        for p, cost in row.costs.items():
+            assert cost == pytest.approx(cmp.summary(p).cost_per_token, rel=1e-12)
+            assert row.to_oracle[p] == pytest.approx(cost / limit, rel=1e-12) and row.to_oracle[p] >= 1 - 1e-12, p
+        consts = ["constant:0", "constant:2", "constant:5"]
+        assert row.best_constant == min(consts, key=lambda p: row.costs[p])
+        assert row.best_policy == min(row.costs, key=row.costs.get)
+        assert row.gap_closed[row.best_constant] == 0.0 and row.gap_closed[row.best_policy] >= 0.0
+        want = (row.costs[row.best_constant] - row.costs["top1"]) / (row.costs[row.best_constant] - limit)
+        assert row.gap_closed["top1"] == pytest.approx(want, rel=1e-12)
+        assert row.cert_vs_constant.point == pytest.approx(row.costs["certificate"] / row.costs[row.best_constant])
+        assert row.cert_vs_oracle.lo <= row.cert_vs_oracle.point <= row.cert_vs_oracle.hi
+
+
+def fake_row(shape: str, c: float, *, vs_const=(1.0, 0.9, 1.1), vs_default=(1.0, 0.9, 1.1),
+             best=(1.05, 1.0, 1.1), to_oracle=None) -> GridRow:
+    from companion.speculative.compare import RatioEstimate as R
+
+    to_oracle = to_oracle or {"constant:3": 1.3, "certificate": 1.2, "confidence:0.4": 1.4, "margin": 1.05}
+    best_const = "constant:3"
+    best_policy = min(to_oracle, key=to_oracle.get)
+    gap = to_oracle[best_const] - 1
+    return GridRow(shape=shape, c=c, oracle_cost=0.3, costs={p: 0.3 * x for p, x in to_oracle.items()},
+                   to_oracle=to_oracle, best_constant=best_const, best_policy=best_policy, default="confidence:0.4",
+                   cert_vs_constant=R(*vs_const), cert_vs_default=R(*vs_default), cert_vs_oracle=R(1.2, 1.1, 1.3),
+                   best_vs_oracle=R(*best),
+                   gap_closed={p: (to_oracle[best_const] - x) / gap if gap > 0 else math.nan
+                               for p, x in to_oracle.items()})
+
+
+def test_versus_sentence_has_words_for_every_outcome():
+    labels = {"flat": "flat V", "cpu": "CPU V"}
+    rows = [fake_row("flat", 0.05, vs_const=(0.9, 0.85, 0.95)), fake_row("flat", 0.2, vs_const=(0.8, 0.7, 0.9)),
+            fake_row("cpu", 0.05, vs_const=(1.05, 1.01, 1.1)), fake_row("cpu", 0.2)]
+    text = versus_sentence(rows, lambda r: r.cert_vs_constant, "X", labels)
+    assert "cheaper than X on 2 of the 4 cost models (flat V at c = 0.05, 0.2), by 10.0% to 20.0%" in text
+    assert "dearer than X on 1 of the 4 cost models (CPU V at c = 0.05), by 5.0%" in text
+    assert "on 1 of the 4 the 95 % interval contains 1 (no difference resolved: CPU V at c = 0.2)" in text
+    every = versus_sentence(rows[:2], lambda r: r.cert_vs_constant, "X", labels)
+    assert "cheaper than X on every one of the 2 cost models" in every and "dearer than X on none" in every
+    assert "resolved on every cost model" in every
+    none = versus_sentence(rows[3:], lambda r: r.cert_vs_constant, "X", labels)
+    assert "cheaper than X on none" in none and "dearer than X on none" in none and "contains 1" in none
+
+
+def test_gap_and_goal_sentences_have_words_for_every_outcome():
+    rows = [fake_row("flat", 0.05), fake_row("flat", 1.0, to_oracle={"constant:3": 1.0, "certificate": 1.02,
+                                                                      "confidence:0.4": 1.2, "margin": 1.01})]
+    text = gap_sentence(rows)
+    # margin closes (1.3 - 1.05) / 0.3 of the gap, the certificate (1.3 - 1.2) / 0.3
+    assert "closes 83% of the gap" in text and "the certificate rule closes 33% (median 33%)" in text
+    assert "On 1 cost model the best constant schedule already reaches the oracle" in text
+    assert "no gap" in gap_sentence(rows[1:])
+    dear = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.4, "confidence:0.4": 1.5})])
+    assert "no policy improves on the best constant schedule anywhere" in dear and "a negative share on 1" in dear
+    near = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.9, 0.85, 0.95)))
+    assert "within 10% of the limit" in near and "entirely below 1: it is 10.0% cheaper" in near
+    edge = goal_sentence(fake_row("flat", 0.05, best=(1.08, 1.02, 1.15), vs_const=(1.1, 1.05, 1.2)))
+    assert "though the interval reaches above 1.10" in edge and "entirely above 1: it is 10.0% dearer" in edge
+    far = goal_sentence(fake_row("flat", 0.05, best=(1.2, 1.1, 1.3)))
+    assert "no lossless policy comes within 10% of the oracle" in far
+    assert "`constant:3` 1.300" in far and "`certificate` 1.200" in far and "no difference is resolved" in far
+
+
+def test_oracle_ratio_figure_draws_the_rows_legibly():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from companion.figures.replay import oracle_ratios
+
+    rows = [fake_row(shape, c, to_oracle={"constant:3": 1.3 + c, "certificate": 1.2 + c, "confidence:0.4": 1.4,
+                                          "top1": 1.25, "margin": 1.1 + c / 2})
+            for shape in ("flat", "gentle", "cpu") for c in (0.02, 0.1, 1.0)]
+    fig = oracle_ratios(rows, {"flat": "flat", "gentle": "gentle", "cpu": "CPU"})
+    lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.lines}
+    for shape in ("flat", "gentle", "cpu"):
+        xs, ys = lines[f"line:{shape}:certificate"].get_data()
+        assert list(xs) == [0.02, 0.1, 1.0] and np.allclose(ys, [1.22, 1.3, 2.2])
+        assert np.allclose(lines[f"line:{shape}:best constant"].get_data()[1], [1.32, 1.4, 2.3])
+        assert np.allclose(lines[f"line:{shape}:cheapest policy"].get_data()[1], [1.11, 1.15, 1.25])
+        assert np.allclose(lines[f"line:{shape}:transformers default"].get_data()[1], 1.4)
+    band = next(c for ax in fig.axes for c in ax.collections if c.get_gid() == "band:cpu:certificate")
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(1.1) and ys.max() == pytest.approx(1.3)
+    # every text at >= 9 pt when the book stretches the saved figure to its ~688 px column
+    import matplotlib as mpl
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    width = fig.get_tightbbox(fig.canvas.get_renderer()).width + 2 * float(mpl.rcParams["savefig.pad_inches"])
+    scale = (688 / 96) / width
+    small = [(t.get_text(), t.get_fontsize() * scale) for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())
+             and t.get_fontsize() * scale < 9]
+    assert not small, f"texts under 9 pt at the column width (figure {width:.2f} in wide): {small}"
+    with pytest.raises(ValueError, match="no grid rows"):
+        oracle_ratios([], {})

@@ -40,12 +40,20 @@ from companion.speculative.decoder import (
 )
 from companion.speculative.hf import hf_assisted_generate, hf_settings
 from companion.speculative.replay import (
+    GRID_CONSTANTS,
+    ORACLE,
+    GridRow,
     RecordedChains,
+    grid_builtins,
+    grid_row,
     oracle_cost,
     oracle_plan,
     oracle_result,
+    ratio_outcome,
     record_chains,
     replay,
+    replay_comparison,
+    replay_grid,
 )
 from companion.speculative.policies import (
     POLICY_FORMS,
@@ -89,7 +97,15 @@ __all__ = [
     "measure_costs",
     "modelled_cost",
     "parse_policy",
+    "GRID_CONSTANTS",
+    "ORACLE",
+    "GridRow",
     "RecordedChains",
+    "grid_builtins",
+    "grid_row",
+    "ratio_outcome",
+    "replay_comparison",
+    "replay_grid",
     "oracle_cost",
     "oracle_plan",
     "oracle_result",

@@ -34,15 +34,17 @@ replays with live decoding round for round.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 
 from companion.criteria import StrictGreedy
+from companion.speculative.compare import CALIBRATED, PolicyComparison, RatioEstimate, builtin_policies, display_name
 from companion.speculative.costs import CostModel
 from companion.speculative.decoder import (
     SpeculativeResult,
@@ -56,7 +58,9 @@ from companion.speculative.decoder import (
 )
 from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
 
-__all__ = ["RecordedChains", "record_chains", "replay", "oracle_cost", "oracle_plan", "oracle_result"]
+__all__ = ["GRID_CONSTANTS", "ORACLE", "GridRow", "RecordedChains", "grid_builtins", "grid_row", "oracle_cost",
+           "oracle_plan", "oracle_result", "ratio_outcome", "record_chains", "replay", "replay_comparison",
+           "replay_grid", "versus_sentence", "gap_sentence", "goal_sentence"]
 
 _GREEDY = StrictGreedy()
 
@@ -373,3 +377,253 @@ def oracle_result(chains: RecordedChains, costs: CostModel) -> SpeculativeResult
         ended_by_eos=chains.ended_by_eos,
         extra={"replayed": True},
     )
+
+
+# -- every policy under many cost models, from recordings ----------------------------------------------
+ORACLE = "oracle"
+"""Row name of the oracle's rounds in a replayed comparison."""
+
+GRID_CONSTANTS: tuple[str, ...] = tuple(f"constant:{k}" for k in range(17))
+"""The constant schedules of the cost-model grid: K = 0 .. 16 (long drafts pay where verification is flat)."""
+
+
+def grid_builtins() -> list[str]:
+    """transformers' built-ins replayed on the cost-model grid: :data:`GRID_CONSTANTS`, ``confidence:T`` for
+    T = 0.1 .. 0.8 and the heuristic schedules (``constant:0`` first, the reference)."""
+    return list(GRID_CONSTANTS) + [s for s in builtin_policies() if not s.startswith("constant:")]
+
+
+def replay_comparison(
+    eval_chains: Sequence[RecordedChains],
+    calibration_chains: Sequence[RecordedChains],
+    costs: CostModel,
+    *,
+    builtins: Sequence[str],
+    calibrated: Sequence[str] = CALIBRATED,
+    cold: bool = True,
+    replayed: dict[str, list[SpeculativeResult]] | None = None,
+) -> PolicyComparison:
+    """:func:`~companion.speculative.compare.compare_policies` from recordings, priced with ``costs``, plus the oracle.
+
+    The same protocol: ``builtins`` (``constant:0`` first) replayed on every evaluated prompt;
+    each calibrated rule given ``costs``' knobs (``c``, ``v1``, ``dv``), warmed on
+    ``calibration_chains`` in order, and replayed on every evaluated prompt from a copy of that
+    warm state; a ``certificate (cold)`` row from the prior when ``cold``; and the
+    :data:`ORACLE` row (:func:`oracle_result`). ``replayed`` may hold built-in runs already
+    replayed on ``eval_chains`` (they do not depend on the cost model). The comparison's
+    ``fitted`` model is ``costs`` itself (a replay has no timings to fit).
+    """
+    names = list(builtins)
+    if not names or names[0] != "constant:0":
+        raise ValueError(f"the built-ins must start with 'constant:0' (the reference decoding), got {names[:1]}")
+    if not eval_chains:
+        raise ValueError("no recordings to replay")
+    results: dict[str, list[SpeculativeResult]] = {}
+    for spec in names:
+        runs = (replayed or {}).get(spec)
+        results[spec] = list(runs) if runs is not None else [replay(ch, spec) for ch in eval_chains]
+    knobs = costs.policy_defaults()
+    for spec in calibrated:
+        warm = parse_policy(spec, **knobs)
+        for ch in calibration_chains:
+            replay(ch, warm)
+        results[display_name(spec)] = [replay(ch, warm.fresh()) for ch in eval_chains]
+    if cold:
+        results["certificate (cold)"] = [replay(ch, parse_policy("certificate", **knobs)) for ch in eval_chains]
+    results[ORACLE] = [oracle_result(ch, costs) for ch in eval_chains]
+    reference = [r.tokens for r in results["constant:0"]]
+    failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
+                if not torch.equal(r.tokens, reference[i])]
+    return PolicyComparison(results, names, costs, costs, failures)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One cost model of the grid: every policy's cost against the oracle's and the certificate rule's ratios.
+
+    ``to_oracle[p]``: policy ``p``'s cost per token over the oracle's (total cost over total tokens
+    of the evaluated prompts). ``best_constant``: the cheapest of :data:`GRID_CONSTANTS`;
+    ``best_policy``: the cheapest of every policy replayed. Ratios with their 95 % paired
+    bootstrap intervals over prompts: ``cert_vs_constant`` (the certificate rule over the best
+    constant schedule, re-selected in every resample), ``cert_vs_default`` (over ``default``),
+    ``cert_vs_oracle`` and ``best_vs_oracle``. ``gap_closed[p]``: the share of the gap from the
+    best constant schedule down to the oracle that ``p`` closes, ``(C_const - C_p) / (C_const -
+    C_oracle)`` (negative when ``p`` costs more than the best constant schedule; ``nan`` when there
+    is no gap).
+    """
+
+    shape: str
+    c: float
+    oracle_cost: float
+    costs: dict[str, float]
+    to_oracle: dict[str, float]
+    best_constant: str
+    best_policy: str
+    default: str
+    cert_vs_constant: RatioEstimate
+    cert_vs_default: RatioEstimate
+    cert_vs_oracle: RatioEstimate
+    best_vs_oracle: RatioEstimate
+    gap_closed: dict[str, float]
+
+
+def grid_row(comparison: PolicyComparison, shape: str, *, default: str = "confidence:0.4",
+             certificate: str = "certificate", n_boot: int = 2000, seed: int = 0) -> GridRow:
+    """The :class:`GridRow` of one replayed comparison (see :func:`replay_comparison`)."""
+    policies = [p for p in comparison.policies if p != ORACLE]
+    constants = [p for p in comparison.builtins if p in GRID_CONSTANTS]
+    for name in (default, certificate):
+        if name not in policies:
+            raise ValueError(f"{name!r} was not replayed; policies: {policies}")
+    if not constants:
+        raise ValueError(f"no constant schedule among the built-ins {comparison.builtins}")
+    per_token = {p: comparison.summary(p).cost_per_token for p in comparison.policies}
+    oracle = per_token[ORACLE]
+    best_constant = min(constants, key=lambda p: (per_token[p], p))
+    best_policy = min(policies, key=lambda p: (per_token[p], p))
+    gap = per_token[best_constant] - oracle
+    closed = {p: (per_token[best_constant] - per_token[p]) / gap if gap > 0 else math.nan for p in policies}
+    return GridRow(
+        shape=shape, c=comparison.costs.c, oracle_cost=oracle,
+        costs={p: per_token[p] for p in policies},
+        to_oracle={p: per_token[p] / oracle for p in policies},
+        best_constant=best_constant, best_policy=best_policy, default=default,
+        cert_vs_constant=comparison.ratio(certificate, constants, n_boot=n_boot, seed=seed),
+        cert_vs_default=comparison.ratio(certificate, [default], n_boot=n_boot, seed=seed),
+        cert_vs_oracle=comparison.ratio(certificate, [ORACLE], n_boot=n_boot, seed=seed),
+        best_vs_oracle=comparison.ratio(best_policy, [ORACLE], n_boot=n_boot, seed=seed),
+        gap_closed=closed,
+    )
+
+
+def replay_grid(
+    eval_chains: Sequence[RecordedChains],
+    calibration_chains: Sequence[RecordedChains],
+    grid: Sequence[tuple[str, CostModel]],
+    *,
+    builtins: Sequence[str] | None = None,
+    calibrated: Sequence[str] = CALIBRATED,
+    default: str = "confidence:0.4",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> list[GridRow]:
+    """A :class:`GridRow` per ``(shape name, cost model)`` of ``grid``: the built-ins (default
+    :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model."""
+    names = list(builtins) if builtins is not None else grid_builtins()
+    replayed = {spec: [replay(ch, spec) for ch in eval_chains] for spec in names}
+    rows = []
+    for shape, costs in grid:
+        cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
+                                cold=False, replayed=replayed)
+        rows.append(grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed))
+    return rows
+
+
+def ratio_outcome(est: RatioEstimate) -> str:
+    """``"cheaper"`` when the whole 95 % interval is below 1, ``"dearer"`` when above, else ``"no difference"``."""
+    if est.hi < 1.0:
+        return "cheaper"
+    if est.lo > 1.0:
+        return "dearer"
+    return "no difference"
+
+
+def _places(rows: Sequence[GridRow], labels: dict[str, str]) -> str:
+    """``"flat V at c = 0.02, 0.05; CPU V at c = 1"``: the cost models of ``rows``, grouped by shape."""
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    return "; ".join(f"{labels.get(sh, sh)} at c = " + ", ".join(f"{r.c:g}" for r in rows if r.shape == sh)
+                     for sh in shapes)
+
+
+def _by_how_much(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate]) -> str:
+    return "by " + _span([abs(1.0 - est(r).point) for r in rows], ".1%")
+
+
+def versus_sentence(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate], other: str,
+                    labels: dict[str, str]) -> str:
+    """Where the certificate rule is cheaper than ``other``, where dearer and where not resolved, by how much.
+
+    Cheaper / dearer: the 95 % interval of the cost ratio ``est(row)`` lies wholly below / above 1
+    (:func:`ratio_outcome`); by how much: the range of ``|1 - ratio|`` over those cost models.
+    """
+    n = len(rows)
+    groups = {o: [r for r in rows if ratio_outcome(est(r)) == o] for o in ("cheaper", "dearer", "no difference")}
+    parts = []
+    for outcome, verb in (("cheaper", "cheaper than"), ("dearer", "dearer than")):
+        g = groups[outcome]
+        if not g:
+            parts.append(f"it is {verb} {other} on none of the {n} cost models")
+        elif len(g) == n:
+            parts.append(f"it is {verb} {other} on every one of the {n} cost models, {_by_how_much(g, est)}")
+        else:
+            parts.append(f"it is {verb} {other} on {len(g)} of the {n} cost models ({_places(g, labels)}), "
+                         f"{_by_how_much(g, est)}")
+    unresolved = groups["no difference"]
+    if unresolved:
+        parts.append(f"on {len(unresolved)} of the {n} the 95 % interval contains 1 (no difference resolved: "
+                     f"{_places(unresolved, labels)})")
+    else:
+        parts.append("the difference is resolved on every cost model")
+    return "; ".join(parts[:-1]) + ", and " + parts[-1] + "."
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    """``"12% to 30%"``, or one number when the range rounds to one."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> str:
+    """How far the best constant schedule is above the oracle and how much of that gap any policy closes."""
+    above = [r.to_oracle[r.best_constant] - 1 for r in rows]
+    with_gap = [r for r in rows if math.isfinite(r.gap_closed[r.best_policy])]
+    text = f"The best constant schedule costs {_span(above, '.1%')} more than the oracle across the grid."
+    if not with_gap:
+        return text + " It reaches the oracle on every cost model, so there is no gap for any policy to close."
+    best = [r.gap_closed[r.best_policy] for r in with_gap]
+    cert = [r.gap_closed[certificate] for r in with_gap]
+    text += (f" The cheapest policy replayed at each cost model closes {_span(best, '.0%')} of the gap "
+             f"from the best constant schedule to the oracle (median {float(np.median(best)):.0%})")
+    if all(b == 0 for b in best):
+        text += ": no policy improves on the best constant schedule anywhere"
+    text += f"; the certificate rule closes {_span(cert, '.0%')} (median {float(np.median(cert)):.0%})"
+    negative = sum(x < 0 for x in cert)
+    if negative:
+        text += (f", a negative share on {negative} of the {len(with_gap)} cost models meaning it costs more than "
+                 f"the best constant schedule there")
+    text += "."
+    rest = [r for r in rows if r not in with_gap]
+    if rest:
+        why = " (plain decoding: drafting does not pay there)" if all(r.best_constant == "constant:0" for r in rest) else ""
+        text += (f" On {len(rest)} cost model{'s' if len(rest) > 1 else ''}{why} the best constant schedule already "
+                 f"reaches the oracle, and these are left out of the shares.")
+    return text
+
+
+def goal_sentence(row: GridRow, *, within: float = 0.10, certificate: str = "certificate") -> str:
+    """At one cost model: is the cheapest lossless policy within ``within`` of the oracle, and is the
+    certificate rule's ratio to the best constant schedule resolved below 1? Every outcome has its words;
+    when no policy is within reach, every policy's distance to the oracle is listed."""
+    best = row.best_vs_oracle
+    if best.point <= 1 + within:
+        first = (f"the cheapest lossless policy, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
+                 f"(95 % interval [{best.lo:.3f}, {best.hi:.3f}]): within {within:.0%} of the limit")
+        if best.hi > 1 + within:
+            first += f" by its point estimate, though the interval reaches above {1 + within:.2f}"
+    else:
+        ranked = sorted(row.to_oracle.items(), key=lambda kv: kv[1])
+        first = (f"no lossless policy comes within {within:.0%} of the oracle: the cheapest, `{row.best_policy}`, costs "
+                 f"{best.point:.3f} times the limit (95 % interval [{best.lo:.3f}, {best.hi:.3f}]); every policy's "
+                 f"cost over the oracle's: " + ", ".join(f"`{p}` {x:.3f}" for p, x in ranked))
+    est = row.cert_vs_constant
+    outcome = ratio_outcome(est)
+    if outcome == "cheaper":
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely below 1: it is {1 - est.point:.1%} cheaper")
+    elif outcome == "dearer":
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely above 1: it is {est.point - 1:.1%} dearer")
+    else:
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval that contains 1: no difference is resolved")
+    return first + "; and " + second + "."
