@@ -58,7 +58,8 @@ def pair_cost(a: Tensor, b: Tensor, divergence: str = "forward") -> Tensor:
         vals = torch.stack([a.reshape(-1), b.reshape(-1)], dim=1)
         pool = torch.ones_like(vals, dtype=torch.bool)
         return pooled_cost(vals, torch.log(vals), pool, None, "forward").reshape(a.shape)
-    return -torch.log1p(-((a.sqrt() - b.sqrt()) ** 2))
+    # sqrt a - sqrt b = (a - b) / (sqrt a + sqrt b): no cancellation near a tie; rounded down as the engine's.
+    return -torch.log1p(-(((a - b) / (a.sqrt() + b.sqrt())) ** 2)) * (1 - ROUND_DOWN)
 
 
 def _top_and_boundary(p: Tensor, criterion: Criterion, from_logits: bool,

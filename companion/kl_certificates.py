@@ -196,7 +196,9 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
       costs no digits (where ``p_i / L`` would lose ``1e-16 / delta`` of them); the result is
       rounded down by a relative ``ROUND_DOWN`` so that it never exceeds the exact value;
     * reverse: ``log G = mean_A log p``, ``e = P_A - |A| G = G sum_A h(log p_i - log G)``,
-      ``C = -log1p(-e)`` for ``e < 1/2``, else ``C = -log(T_A + |A| G)`` evaluated as
+      ``C = -log1p(-e)`` for ``e < 1/2`` (the deviations ``log p_i - log G`` taken as ``log1p`` of
+      differences of nearby floats near ties; rounded down by ``ROUND_DOWN``), else
+      ``C = -log(T_A + |A| G)`` evaluated as
       ``-logaddexp(log T_A, log |A| + log G)``. A pooled zero makes ``G = 0`` and ``C = -log T_A``
       (``+inf`` when ``T_A = 0`` too).
     """
@@ -213,14 +215,22 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     finite = torch.isfinite(mean_log)
     safe = torch.where(finite, mean_log, torch.zeros_like(mean_log))
     g = torch.exp(safe).unsqueeze(1)
-    d = torch.where(pool, logs - safe.unsqueeze(1), zero)
+    # d_i = log p_i - log G = r_i - mean_A r with r_i = log(p_i / a), a the first pooled value:
+    # log1p((p_i - a) / a) within a factor 1.5 of a (a difference of nearby floats, exact), the
+    # difference of the logs beyond (no cancellation left there), so near ties keep their digits.
+    first = pool.to(torch.int8).argmax(1, keepdim=True)
+    a_val, a_log = vals.gather(1, first), logs.gather(1, first)
+    close = pool & (a_val > 0) & ((vals - a_val).abs() <= 0.5 * a_val)
+    ratio = torch.where(close, (vals - a_val) / torch.where(a_val > 0, a_val, torch.ones_like(a_val)), zero)
+    rel = torch.where(pool, torch.where(close, torch.log1p(ratio), logs - a_log), zero)
+    d = torch.where(pool, rel - (rel.sum(1) / count).unsqueeze(1), zero)
     big = d > 1
     # G h(d): its series near 0, G (expm1(d) - d) up to d = 1, and p - G (1 + d) beyond, where
     # no cancellation is left and e^d could overflow.
     near = g * expm1_minus_x(torch.where(big, zero, d))
     far = vals - g * (1 + d)
     excess = torch.where(pool, torch.where(big, far, near), zero).sum(1)
-    small = -torch.log1p(-excess.clamp(max=1.0))
+    small = -torch.log1p(-excess.clamp(max=1.0)) * (1 - ROUND_DOWN)
     if outside is None:
         raise ValueError("the reverse pooled cost needs the mass outside the pool (outside=None given)")
     large = -torch.logaddexp(torch.log(outside), torch.log(count) + mean_log)

@@ -1,5 +1,6 @@
-"""Near ties (issue 24, item 3, target side, forward): the pooled strict-greedy cost
-``s [log 2 - h(p1/s)] = sum_pair p_i log(p_i / L)`` against mpmath at 60 digits, on the exact
+"""Near ties (issue 24, item 3, target side): the pooled strict-greedy cost, forward
+``s [log 2 - h(p1/s)] = sum_pair p_i log(p_i / L)`` and reverse ``-log(1 - (sqrt p1 - sqrt p2)^2)``,
+against mpmath at 60 digits, on the exact
 float64 inputs, for relative gaps from 0.2 down to one ulp (and exact ties) and at scales down to
 1e-290: relative error <= 1e-12 and never above the exact value. Before the deviations from the
 level were taken without cancellation the error was about 1e-16 / gap (4e-11 on the issue's row)."""
@@ -25,6 +26,12 @@ def exact_pair(a: float, b: float):
     x, y = mp.mpf(a), mp.mpf(b)
     level = (x + y) / 2
     return sum((v * mp.log(v / level) for v in (x, y) if v > 0), mp.mpf(0))
+
+
+def exact_pair_reverse(a: float, b: float):
+    """``-log(1 - (sqrt a - sqrt b)^2)`` of the float64 numbers ``a``, ``b``, in mpmath."""
+    x, y = mp.mpf(a), mp.mpf(b)
+    return -mp.log1p(-((mp.sqrt(x) - mp.sqrt(y)) ** 2))
 
 
 def check(got: float, want) -> None:
@@ -61,6 +68,8 @@ def test_pair_cost_against_mpmath_across_gaps_and_scales() -> None:
             if a * gap * gap < 1e-290:
                 continue  # the cost itself would leave the normal range
             check(float(pair_cost(a, b)), exact_pair(a, b))
+            if a * gap * gap > 1e-290:
+                check(float(pair_cost(a, b, "reverse")), exact_pair_reverse(a, b))
             n += 1
     assert n >= 60
 
@@ -79,6 +88,7 @@ def test_certificate_against_mpmath_on_exact_rows() -> None:
         want = exact_pair(k1 * unit, k2 * unit)
         for ties in ("worst", "level-set"):
             check(float(certificate(p, "greedy", ties=ties)), want)
+            check(float(certificate(p, "greedy", "reverse", ties=ties)), exact_pair_reverse(k1 * unit, k2 * unit))
         check(float(certificates(p, (), "forward", tree_widths=1)[("tree:1", "forward")]), want)
         assert float(margin_quadratic_bound(p, "greedy")) <= float(certificate(p, "greedy"))
 
@@ -91,6 +101,7 @@ def test_pair_cost_property(a: float, gap: float, exponent: int) -> None:
     if a * gap * gap < 1e-290:
         return
     check(float(pair_cost(a, b)), exact_pair(a, b))
+    check(float(pair_cost(a, b, "reverse")), exact_pair_reverse(a, b))
 
 
 def test_margin_quadratic_bound_never_exceeds_the_certificate() -> None:
