@@ -107,8 +107,9 @@ def greedy_margin_bounds(p: Tensor, *, from_logits: bool = False, upper: str = "
     ``upper="sharp"`` gives ``c = log 2``, the best constant (approached as ``p(2) -> 0``);
     ``upper="chi-square"`` gives ``c = 1``, the looser chi-square bound. Both upper bounds assume
     no exact tie at the top (``p(1) > p(2)``): on rows with a tie the upper bound is ``+inf``.
-    There ``p(2)`` in the lower bound is the largest probability below ``p(1)`` (the boundary of
-    the rejection region), matching the certificate; the lower bound holds on every row.
+    There the lower bound uses the boundary token of ``ties``: ``p(2) = p(1)``, so 0, under the
+    default ``"worst"`` (whose certificate is 0 there), or the largest probability below ``p(1)``
+    under ``"level-set"``; the lower bound holds on every row.
     """
     if upper not in ("sharp", "chi-square"):
         raise ValueError(f"upper must be 'sharp' or 'chi-square', got {upper!r}")
