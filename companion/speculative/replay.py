@@ -601,18 +601,18 @@ def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> s
 
 
 def goal_sentence(row: GridRow, *, within: float = 0.10, certificate: str = "certificate") -> str:
-    """At one cost model: is the cheapest lossless policy within ``within`` of the oracle, and is the
+    """At one cost model: is the cheapest policy replayed within ``within`` of the oracle, and is the
     certificate rule's ratio to the best constant schedule resolved below 1? Every outcome has its words;
     when no policy is within reach, every policy's distance to the oracle is listed."""
     best = row.best_vs_oracle
     if best.point <= 1 + within:
-        first = (f"the cheapest lossless policy, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
+        first = (f"the cheapest policy replayed, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
                  f"(95 % interval [{best.lo:.3f}, {best.hi:.3f}]): within {within:.0%} of the limit")
         if best.hi > 1 + within:
             first += f" by its point estimate, though the interval reaches above {1 + within:.2f}"
     else:
         ranked = sorted(row.to_oracle.items(), key=lambda kv: kv[1])
-        first = (f"no lossless policy comes within {within:.0%} of the oracle: the cheapest, `{row.best_policy}`, costs "
+        first = (f"none of the policies replayed comes within {within:.0%} of the oracle: the cheapest, `{row.best_policy}`, costs "
                  f"{best.point:.3f} times the limit (95 % interval [{best.lo:.3f}, {best.hi:.3f}]); every policy's "
                  f"cost over the oracle's: " + ", ".join(f"`{p}` {x:.3f}" for p, x in ranked))
     est = row.cert_vs_constant
