@@ -192,6 +192,12 @@ def test_experiment_panels_and_legends_do_not_overlap(figs):
         boxes += [leg.get_window_extent(renderer) for leg in fig.legends]
         assert not overlapping(boxes, pad=1.0), name
         assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
+        for ax in fig.axes:  # labels written on a panel stay clear of its legend
+            legend = ax.get_legend()
+            notes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
+            if legend is not None and notes:
+                assert not [ij for ij in overlapping([legend.get_window_extent(renderer)] + notes) if ij[0] == 0], \
+                    (name, [t.get_text() for t in ax.texts])
 
 
 def test_tree_widths_have_one_colour_across_the_book(tr):

@@ -215,6 +215,12 @@ def test_theory_panels_do_not_overlap(theory_figs):
         boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
         assert not overlapping(boxes, pad=1.0), name
         assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
+        for ax in fig.axes:  # labels written on a panel stay clear of its legend
+            legend = ax.get_legend()
+            notes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
+            if legend is not None and notes:
+                assert not [ij for ij in overlapping([legend.get_window_extent(renderer)] + notes) if ij[0] == 0], \
+                    (name, [t.get_text() for t in ax.texts])
 
 
 def _legend_texts(fig: Figure) -> list[str]:
