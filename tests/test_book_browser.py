@@ -256,3 +256,84 @@ def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> Non
     status = (layout.html / "book" / "reproduction_status.html").read_text(encoding="utf-8")
     assert "demo_walk" in status and "01_demo" in status
     assert (tmp_path / "screenshots" / "notebooks__01_demo.png").stat().st_size > 10_000
+
+
+# -- search results: math reads as text, never as raw TeX ---------------------------------------
+
+SEARCH_JS = Path(__file__).resolve().parents[1] / "book" / "_ext" / "static" / "companion-search.js"
+TEX_MARKS = ["\\(", "\\)", "\\[", "$", "\\log", "\\rho", "\\frac", "\\gamma", "\\mathrm", "\\varphi", "^{", "_{"]
+
+
+def search_results(html: Path, base_url: str, query: str, screenshot: Path | None = None) -> list[str]:
+    """The text of each hit (title and snippet) that the book's search page lists for ``query``,
+    once every snippet has arrived."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            page.goto(f"{base_url}search.html?q={query}", wait_until="load")
+            page.wait_for_function("() => /finished/.test(document.querySelector('#search-results .search-summary, "
+                                   "#search-results p')?.textContent || '')", timeout=30_000)
+            # snippets are fetched page by page after the list: wait until no hit is still without one
+            page.wait_for_function("() => Array.from(document.querySelectorAll('#search-results li'))"
+                                   ".every(li => li.querySelector('.context') || li.querySelector('span'))",
+                                   timeout=30_000)
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+            return [li.inner_text() for li in page.query_selector_all("#search-results li")]
+        finally:
+            browser.close()
+
+
+def test_search_snippets_and_titles_show_no_tex(built_book: Path, serve) -> None:
+    """Searching the built book for a word next to math ("ceiling": the log 2 and log(m+1)
+    ceilings of chapters 2, 3 and 5) lists titles and snippets with the math as text."""
+    hits = search_results(built_book, serve(built_book), "ceiling",
+                          built_book.parent / "screenshots" / "search_ceiling.png")
+    chapters = [h for h in hits if "\n" in h.strip()]  # page hits carry a snippet under the title
+    assert len(chapters) >= 2, hits
+    for hit in hits:
+        assert not [m for m in TEX_MARKS if m in hit], f"raw TeX in a search result: {hit[:300]!r}"
+    assert any("log 2" in h for h in chapters), chapters
+
+
+def test_tex_to_text_reads_math_plainly(serve, tmp_path: Path) -> None:
+    """The conversion the search page applies: common TeX as Unicode text, delimiters dropped,
+    and a page's math elements converted in place (typeset ones left alone)."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    (tmp_path / "companion-search.js").write_text(SEARCH_JS.read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "probe.html").write_text(
+        "<html><head><meta charset='utf-8'><script src='companion-search.js'></script></head><body><div id='r'>"
+        "<span class='math'>\\(\\log 2\\)</span> and <div class='math'>\\[\\rho^* \\ge \\frac{\\Delta^2}{2s}\\]</div>"
+        "<span class='math'><mjx-container>typeset</mjx-container></span></div></body></html>", encoding="utf-8")
+    cases = {
+        "\\(\\rho^* \\ge \\Delta^2/(2s)\\)": "\u03c1* \u2265 \u0394\u00b2/(2s)",
+        "\\(\\frac{\\gamma^2}{2}\\)": "\u03b3\u00b2/2",
+        "\\(\\frac{a+b}{m+1}\\)": "(a+b)/(m+1)",
+        "\\(p_{(1)} - p_{(2)}\\)": "p\u208d\u2081\u208e \u2212 p\u208d\u2082\u208e",
+        "\\(\\mathrm{KL}(p\\|q) < \\rho^*_c\\)": "KL(p\u2016q) < \u03c1*_c",
+        "\\((m+1)\\gamma^2/4\\)": "(m+1)\u03b3\u00b2/4",
+        "\\(\\log(m+1)\\)": "log(m+1)",
+        "\\(\\varphi_m(\\gamma)\\)": "\u03c6\u2098(\u03b3)",
+        "$\\min(0.09, 0.3 e^{-H})$": "min(0.09, 0.3 e^(\u2212H))",
+        "\\(\\left( \\sqrt{s} \\right)\\)": "( \u221as )",
+    }
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context().new_page()
+            page.goto(f"{serve(tmp_path)}probe.html", wait_until="load")
+            got = {tex: page.evaluate("t => window.companionTexToText(t)", tex) for tex in cases}
+            page.evaluate("() => window.companionUntex(document.getElementById('r'))")
+            untexed = page.evaluate("() => document.getElementById('r').textContent")
+        finally:
+            browser.close()
+    assert got == cases
+    assert untexed == "log 2 and \u03c1* \u2265 \u0394\u00b2/(2s)typeset", untexed

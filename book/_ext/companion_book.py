@@ -20,4 +20,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_css_file("companion.css")
     # companion-fit.js: a display equation or table slightly too wide is set smaller (>= 9 pt).
     app.add_js_file("companion-fit.js")
+    # companion-search.js: search results (titles and snippets) show math as text, not raw TeX.
+    app.add_js_file("companion-search.js")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
