@@ -74,6 +74,7 @@ def test_recorded_text_and_chains_are_the_models_greedy_decodings(pair):
         for x, rec in zip(ids, recs):
             ref = target.generate(x, do_sample=False, max_new_tokens=N_NEW)[0, x.shape[1]:].tolist()
             assert list(rec.tokens) == ref, (rec.tokens, ref)
+            assert rec.disagreements == (), f"teacher-forced target disagrees with its greedy text at {rec.disagreements}"
             for s in range(0, len(rec.tokens), 3):
                 ctx = torch.cat([x, torch.tensor([rec.tokens[:s]], dtype=torch.long)], 1)
                 want = rec.cap(s)

@@ -78,6 +78,10 @@ class RecordedChains:
     (the decoder stops drafting there). ``kl[t]``: ``KL(p_t || q_t)`` of the target's and the
     drafter's distributions predicting ``tokens[t]`` from the true prefix. ``matched[s]``
     (derived): ``L_s``, the number of leading drafts of ``chains[s]`` equal to ``tokens[s:]``.
+    ``disagreements``: positions where the target's teacher-forced forward (all positions at
+    once) picks another token than its one-token-at-a-time greedy decoding, i.e. exact near-ties
+    of its logits, where a live speculative decoder's multi-token verification could leave the
+    greedy text (empty when the recording is safe to replay as lossless decoding).
     """
 
     tokens: tuple[int, ...]
@@ -87,6 +91,7 @@ class RecordedChains:
     max_drafts: int | None = None
     eos_token_ids: frozenset[int] = frozenset()
     ended_by_eos: bool = False
+    disagreements: tuple[int, ...] = ()
     matched: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +131,16 @@ def _step(logits: Tensor) -> DraftStep:
     q1 = float(q[token])
     q2 = float(top.values[1] if int(top.indices[0]) == token else top.values[0])
     return DraftStep(token=token, q1=q1, q2=q2, rho=drafter_rho(logits, _GREEDY, q1, q2))
+
+
+def _last_rows(model: Any, ids: Tensor, keep: int, cache: DynamicCache | None) -> Tensor:
+    """Logits ``[keep, V]`` (float32) of the last ``keep`` positions of one forward over ``ids`` (filling ``cache``)."""
+    kwargs: dict[str, Any] = {"use_cache": cache is not None}
+    if cache is not None:
+        kwargs["past_key_values"] = cache
+    if getattr(model, "_supports_logits_to_keep", lambda: False)():
+        kwargs["logits_to_keep"] = keep
+    return model(input_ids=ids.to(model.device), **kwargs).logits[0, -keep:].float()
 
 
 def record_chains(
@@ -178,8 +193,9 @@ def record_chains(
         # 2. one teacher-forced forward per model over prompt + text[:-1]: row t predicts text[t]
         full = torch.tensor([prompt + text[:-1]], dtype=torch.long)
         d_cache = DynamicCache()
-        q_logits = drafter(input_ids=full.to(drafter.device), past_key_values=d_cache, use_cache=True).logits[0, n0 - 1:].float()
-        p_logits = target(input_ids=full.to(target.device)).logits[0, n0 - 1:].float()
+        q_logits = _last_rows(drafter, full, n, d_cache)
+        p_logits = _last_rows(target, full, n, None)
+        disagree = tuple(int(t) for t in torch.nonzero(p_logits.argmax(-1).cpu() != torch.tensor(text)).reshape(-1))
         lp = torch.log_softmax(p_logits.double(), -1)
         lq = torch.log_softmax(q_logits.double(), -1)
         kl = tuple(float(x) for x in (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0))
@@ -228,7 +244,7 @@ def record_chains(
                 break
             t += 1
         chains.append(tuple(chain))
-    return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended)
+    return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended, disagree)
 
 
 def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
