@@ -13,10 +13,15 @@ spec                  class                           ``tau(p)``
 ``topm:M``            :class:`TopM`                   ``p(M)``
 ``topk-delta:K,D``    :class:`TopKDelta`              ``max(p(K), p(1) - D)``
 ``typical:E,D``       :class:`Typical`                ``min(E, D * exp(-H(p)))`` (strict)
+``mars:T``            :class:`Mars`                   ``p(2)`` if ``z(1) > 0`` and ``z(2) / z(1) > T``, else ``p(1)``
 ====================  ==============================  ==========================================
 
 ``p(i)`` is the i-th largest probability (ties counted with multiplicity; ``p(i) = -inf`` for
-``i > V``); ``H`` is the entropy in nats.
+``i > V``); ``H`` is the entropy in nats. ``z(1) >= z(2)`` are the target's two largest *logits*:
+MARS (margin-aware verification) is the one criterion here whose threshold is not a function of
+``p`` alone (adding a constant to the logits changes ``z(2) / z(1)``), so it needs logits
+(``from_logits=True``) and refuses probabilities; for a given row of logits it is still a lower
+level set of ``p`` (top-2 or strict greedy, chosen per row by the ratio).
 
 Ties. Real decoders break exact ties by token id: transformers' assisted generation, vLLM and
 TensorRT-LLM take the target's token with ``argmax`` (first index wins) and accept a greedy draft
@@ -40,6 +45,7 @@ spec                  ``tau_worst(p)``
 ``topm:M``            ``p(M+1)``: a token tied at the M-th place may fall outside
 ``topk-delta:K,D``    ``max(p(K+1), min(p(1) - D, p(2)))``: both parts worst case
 ``typical:E,D``       ``tau(p)`` (already strict)
+``mars:T``            ``p(3)`` where relaxed (top-2's), else ``p(2)`` (strict greedy's)
 ====================  ==============================================================
 
 A token exactly at a threshold counts as rejected; the ``min(., p(2))`` keeps a unique
@@ -123,6 +129,7 @@ class Criterion(ABC):
 
     strict: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
+    needs_logits: ClassVar[bool] = False  # the threshold reads the raw logits, not only p (MARS)
 
     @abstractmethod
     def _threshold(self, s: TopSummary) -> Tensor:
@@ -155,9 +162,31 @@ class Criterion(ABC):
     def check_vocab(self, vocab: int) -> None:
         """Raise ``ValueError`` when the criterion makes no sense for a vocabulary of size ``vocab``."""
 
+    def check_inputs(self, from_logits: bool) -> None:
+        """Raise ``ValueError`` when the criterion cannot be decided from this kind of input
+        (:class:`Mars` needs logits: ``from_logits=True``). Every other criterion takes both."""
+
+    def rank_limits_from_summary(self, s: TopSummary) -> Tensor | None:
+        """The rank condition's ``m`` per row of a summary, int64 ``[N]`` (``y`` must have
+        :func:`index_rank` ``<= m`` on the target's tensor), or None when there is none. A
+        constant :meth:`index_rank_limit` for every criterion but :class:`Mars` (2 on relaxed
+        rows, 1 elsewhere)."""
+        limit = self.index_rank_limit()
+        if limit is None:
+            return None
+        return torch.full(s.values.shape[:1], limit, dtype=torch.long, device=s.values.device)
+
+    def rank_limits(self, p: Tensor, *, from_logits: bool = False) -> Tensor | None:
+        """:meth:`rank_limits_from_summary` for a tensor ``p`` (``[..., V]``): int64 ``[...]`` or None."""
+        limit = self.index_rank_limit()
+        if limit is None:
+            return None
+        return torch.full(p.shape[:-1], limit, dtype=torch.long, device=p.device)
+
     # -- public, tensor-level API ------------------------------------------------------------
     def _summary(self, p: Tensor, from_logits: bool, ties: str = "level-set") -> TopSummary:
         self.check_vocab(p.shape[-1])
+        self.check_inputs(from_logits)
         return summarize(
             p, from_logits=from_logits, k=self.top_needed(ties), with_entropy=self.needs_entropy
         )
@@ -183,14 +212,15 @@ class Criterion(ABC):
 
     def decoder_accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False) -> Tensor:
         """What transformers, vLLM and TensorRT-LLM decide: the rule's threshold test (level set)
-        and, for a rank condition (:meth:`index_rank_limit`), ``index_rank(p, token) <= m`` on
+        and, for a rank condition (:meth:`rank_limits`), ``index_rank(p, token) <= m`` on
         the tensor as given (exact ties go to the lowest id: ``greedy`` accepts ``token`` iff
-        it is ``torch.argmax(p)``). A step certified under ``ties="worst"`` passes it."""
+        it is ``torch.argmax(p)``; ``mars:T`` iff it is the ``argmax``, or in the ``topk(2)`` on
+        rows whose logit ratio relaxes the rule). A step certified under ``ties="worst"`` passes it."""
         tok = check_token(token, p.shape[:-1], p.shape[-1], p.device)
         ok = self.accepts(p, tok, from_logits=from_logits)
-        limit = self.index_rank_limit()
-        if limit is not None:
-            ok = ok & (index_rank(p, tok) <= limit)
+        limits = self.rank_limits(p, from_logits=from_logits)
+        if limits is not None:
+            ok = ok & (index_rank(p, tok) <= limits)
         return ok
 
     def rejection_mask(self, p: Tensor, *, from_logits: bool = False, ties: str = "level-set") -> Tensor:
@@ -367,6 +397,105 @@ class Typical(Criterion):
         return f"typical:{_num(self.eps)},{_num(self.delta)}"
 
 
+@dataclass(frozen=True)
+class Mars(Criterion):
+    """MARS, margin-aware verification (arXiv:2601.15498), applied to greedy verification.
+
+    With ``z(1) >= z(2)`` the target's two largest logits, a row is *relaxed* iff
+
+        ``z(1) > 0``  and  ``z(2) / z(1) > theta``      (ratio in float64, ``theta = 0.87`` by default),
+
+    and then any token among the target's top two is accepted (``tau = p(2)``, top-2's level
+    set); otherwise the usual strict-greedy rule holds (``tau = p(1)``). Worst case over
+    tie-breaks (``ties="worst"``): ``tau_worst = p(3)`` on relaxed rows (a token tied at the
+    second place may fall outside a decoder's ``topk(2)``), ``p(2)`` elsewhere (only a unique
+    maximiser is accepted); the decoders' own verdict (:meth:`decoder_accepts`) is
+    ``index_rank(z, y) <= 2`` on relaxed rows, ``<= 1`` elsewhere, on the logits as given.
+
+    Source: the authors' code (``evaluate_posterior`` in ``mars/model/utils.py`` of the GitHub
+    repository 5SSjw/MARS) takes ``torch.topk`` of the target's (processed) logits, relaxes
+    when ``z(2) / (z(1) + 1e-10) > relaxation_threshold`` (default 0.87) and then accepts a draft
+    among the two top-k indices; there the relaxation sits in the *sampling* path (the greedy
+    path is plain argmax matching); here it is applied to greedy verification. The ``1e-10``
+    guard is omitted (a row whose ratio lies within ~1e-10 relative of ``theta`` may be decided
+    differently from the authors' code).
+
+    ``z(1) <= 0`` (this library's rule, not the authors'): *no relaxation*. The ratio measures how
+    close the runner-up is to the top only for a positive top logit. For ``z(1) < 0`` every
+    ``z(2) <= z(1)`` gives ``z(2) / z(1) >= 1 > theta`` (the authors' code would relax on every such
+    row however far apart the two are: ``z = (-1, -100)`` gives 100), and at ``z(1) = 0`` the ratio
+    is undefined. With fewer than two tokens (``V = 1``) nothing is relaxed either.
+
+    The rule reads the logits, not ``p``: adding a constant ``c`` to every logit leaves ``p``
+    unchanged but turns the ratio into ``(z(2) + c) / (z(1) + c)``, so the same ``p`` can be
+    relaxed or not. Inputs must therefore be logits (``from_logits=True``); probabilities are
+    refused with ``ValueError``. For a given row of logits the accepted set is still a lower level
+    set of ``p``, so the target-side certificate is strict greedy's or top-2's, row by row.
+    There is no drafter-side certificate: the drafter side ranges over targets ``p`` given ``q``
+    and knows no logit scale for them. ``0 < theta <= 1``; ``theta = 1`` never relaxes (strict
+    greedy), since ``z(2) / z(1) <= 1`` when ``z(1) > 0``.
+    """
+
+    theta: float = 0.87
+
+    needs_logits: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "theta", finite_positive("mars theta", self.theta, upper=1.0))
+
+    def check_inputs(self, from_logits: bool) -> None:
+        if not from_logits:
+            raise ValueError(
+                f"{self} needs the target's logits (from_logits=True): it compares the two largest logits "
+                f"z(2)/z(1), which probabilities do not determine (adding a constant to the logits changes it)"
+            )
+
+    def relaxed_from_top(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """``z(1) > 0 and z(2) / z(1) > theta`` elementwise, from the two largest logits (float64)."""
+        z1, z2 = z1.to(torch.float64), z2.to(torch.float64)
+        positive = z1 > 0
+        ratio = z2 / torch.where(positive, z1, torch.ones_like(z1))
+        return positive & (ratio > self.theta)
+
+    def _relaxed(self, s: TopSummary) -> Tensor:
+        """Which rows of a summary are relaxed, bool ``[N]``; the summary must come from logits."""
+        if s.top_logits is None:
+            self.check_inputs(False)
+        z = s.top_logits
+        if z.shape[1] < 2:  # V = 1: no runner-up, no relaxation
+            return torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)
+        return self.relaxed_from_top(z[:, 0], z[:, 1])
+
+    def relaxed(self, logits: Tensor) -> Tensor:
+        """Which rows of target logits ``[..., V]`` relax to top-2, bool ``[...]``: the rule above,
+        the one definition that certificates and decoders share."""
+        s = summarize(logits, from_logits=True, k=2, what="logits")
+        return self._relaxed(s).reshape(s.lead_shape)
+
+    def top_needed(self, ties: str = "level-set") -> int:
+        return 3 if check_ties(ties) == "worst" else 2
+
+    def _threshold(self, s: TopSummary) -> Tensor:
+        return torch.where(self._relaxed(s), order_statistic(s, 2), s.values[:, 0])
+
+    def _worst_threshold(self, s: TopSummary) -> Tensor:
+        return torch.where(self._relaxed(s), order_statistic(s, 3), order_statistic(s, 2))
+
+    def rank_limits_from_summary(self, s: TopSummary) -> Tensor | None:
+        relaxed = self._relaxed(s)
+        return torch.where(relaxed, torch.full_like(relaxed, 2, dtype=torch.long),
+                           torch.ones_like(relaxed, dtype=torch.long))
+
+    def rank_limits(self, p: Tensor, *, from_logits: bool = False) -> Tensor | None:
+        self.check_inputs(from_logits)
+        relaxed = self.relaxed(p)
+        return torch.where(relaxed, torch.full_like(relaxed, 2, dtype=torch.long),
+                           torch.ones_like(relaxed, dtype=torch.long))
+
+    def __str__(self) -> str:
+        return f"mars:{_num(self.theta)}"
+
+
 _NUM = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
 _INT = r"[0-9]+"
 _SPECS: tuple[tuple[re.Pattern[str], type[Criterion], tuple[type, ...]], ...] = (
@@ -377,6 +506,8 @@ _SPECS: tuple[tuple[re.Pattern[str], type[Criterion], tuple[type, ...]], ...] = 
     (re.compile(rf"topk-delta:({_INT}),({_NUM})"), TopKDelta, (int, float)),
     (re.compile(rf"typical:({_NUM}),({_NUM})"), Typical, (float, float)),
     (re.compile(r"typical"), Typical, ()),
+    (re.compile(rf"mars:({_NUM})"), Mars, (float,)),
+    (re.compile(r"mars"), Mars, ()),
 )
 SPEC_FORMS = (
     "greedy",
@@ -385,6 +516,7 @@ SPEC_FORMS = (
     "topm:M",
     "topk-delta:K,DELTA",
     "typical:EPS,DELTA (or typical for 0.09,0.3)",
+    "mars:THETA (or mars for 0.87; needs logits)",
 )
 
 

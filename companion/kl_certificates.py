@@ -29,6 +29,13 @@ A greedy tree of width ``m`` (worst case) fails once ``m`` tokens other than the
 non-maximisers beat every maximiser. Under either convention the width-1 tree and strict
 greedy have the same certificate on every row, exact ties included.
 
+MARS (``mars:T``, :class:`~companion.criteria.Mars`) is decided per row by the target's logits:
+strict greedy where ``z(1) <= 0`` or ``z(2) / z(1) <= T``, top-2 where ``z(1) > 0`` and
+``z(2) / z(1) > T``. For a fixed row of logits its rejection region is one of those two lower
+level sets, so ``rho*_mars(z) = rho*_greedy(p)`` or ``rho*_top2(p)`` on that row, in either
+divergence and tie convention, with the same witness. It needs logits (``from_logits=True``):
+``p`` alone does not determine the ratio, and probabilities are refused with ``ValueError``.
+
 Acceptance and ties are decided on the float64 probabilities the engine normalises (the same
 numbers :mod:`companion.harvest` compares): inputs closer than float64 resolves after
 normalisation (logits within ~1e-16 of each other) count as tied.
@@ -615,6 +622,7 @@ def certificates(
     widths = _width_list(tree_widths, vocab)
     for c in crits:
         c.check_vocab(vocab)
+        c.check_inputs(from_logits)
     k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
     if summary is None:
         s = summarize(p, from_logits=from_logits, k=k)  # validates p
@@ -764,6 +772,7 @@ def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", 
     c = parse_criterion(criterion)
     check_divergence(divergence)
     c.check_vocab(vocab)
+    c.check_inputs(from_logits)
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
     tau = c.threshold_from_summary(full, ties)
     r = accepted_count(full.values, tau, c, ties)

@@ -46,6 +46,12 @@ class TopSummary:
     finite where ``values`` underflows to 0. :func:`summarize` always fills both; a summary built
     by hand may leave them ``None``, and then :meth:`tail_mass` and :meth:`log_values` fall back to
     ``max(0, 1 - sum(values))`` (which loses the digits of a tail far below 1e-16) and ``log(values)``.
+
+    ``top_logits`` (float64 ``[N, K]``): the raw logits of the top ``K`` as given (exact float64
+    upcasts, in the order of ``values``), present only when the summary was made from logits
+    (``None`` from probabilities or by hand). Criteria that read the logits themselves, not only
+    ``p`` (:class:`~companion.criteria.Mars`: ``z(2) / z(1)`` changes when a constant is added to
+    the logits), need them.
     """
 
     values: Tensor
@@ -56,6 +62,7 @@ class TopSummary:
     entropy: Tensor | None = None
     tail: Tensor | None = None
     logs: Tensor | None = None
+    top_logits: Tensor | None = None
 
     @property
     def k(self) -> int:
@@ -130,7 +137,8 @@ def summarize(
     Probabilities: ``values = topk(p) / S`` with ``S = sum(topk(p)) + tail`` in float64.
     Logits ``l``: ``values = exp(topk(l) - lse)`` with ``lse = l(1) + log(sum_i exp(l_i - l(1)))``,
     the sum split the same way into the top ``K`` (float64) and the tail; near-ties keep the
-    precision of the logits rather than that of a float32 softmax. ``logs = topk(l) - lse``.
+    precision of the logits rather than that of a float32 softmax. ``logs = topk(l) - lse``;
+    ``top_logits = topk(l)`` itself (float64; only from logits).
     ``tail``: the mass beyond the top ``k``, ``sum_i min(x_i, x(k)) - k x(k)`` over the row
     (``x = p``, or ``exp(l - l(1))``), divided by the normaliser; for ``k`` below the normaliser's
     split ``K_norm`` it is that split's tail plus the values in between (a sum of positive terms).
@@ -198,7 +206,7 @@ def summarize(
         logs = torch.log(values)
     entropy = map_rows(lambda rows, nrm: entropy_of_rows(rows, nrm, from_logits), flat, norm) if with_entropy else None
     return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
-                      tail=tail, logs=logs)
+                      tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None)
 
 
 def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: Tensor | None) -> dict[int, Tensor]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from companion import (
     AdditiveRelaxed,
+    Mars,
     MultiplicativeRelaxed,
     StrictGreedy,
     TopKDelta,
@@ -22,7 +23,7 @@ from companion import (
 from companion.oracle import rejected_tokens
 
 CANONICAL = ["greedy", "additive:0.3", "multiplicative:0.1", "topm:4", "topk-delta:10,0.6", "typical:0.09,0.3",
-             "additive:0", "multiplicative:1", "additive:1e-05"]
+             "additive:0", "multiplicative:1", "additive:1e-05", "mars:0.87", "mars:1"]
 
 
 @pytest.mark.parametrize("spec", CANONICAL)
@@ -39,11 +40,12 @@ def test_spec_objects() -> None:
     assert parse_criterion("topm:4") == TopM(4)
     assert parse_criterion("topk-delta:10,0.6") == TopKDelta(10, 0.6)
     assert parse_criterion("typical") == Typical(0.09, 0.3)
+    assert parse_criterion("mars:0.9") == Mars(0.9) and parse_criterion("mars") == Mars(0.87)
     assert parse_criteria("greedy;topm:2") == [StrictGreedy(), TopM(2)]
 
 
 @given(
-    kind=st.sampled_from(["additive", "multiplicative", "topm", "topk-delta", "typical"]),
+    kind=st.sampled_from(["additive", "multiplicative", "topm", "topk-delta", "typical", "mars"]),
     x=st.floats(min_value=1e-6, max_value=1.0, allow_nan=False),
     y=st.floats(min_value=1e-6, max_value=5.0, allow_nan=False),
     n=st.integers(min_value=1, max_value=1000),
@@ -51,7 +53,8 @@ def test_spec_objects() -> None:
 @settings(max_examples=200, deadline=None)
 def test_round_trip_property(kind: str, x: float, y: float, n: int) -> None:
     c = {"additive": lambda: AdditiveRelaxed(y), "multiplicative": lambda: MultiplicativeRelaxed(x),
-         "topm": lambda: TopM(n), "topk-delta": lambda: TopKDelta(n, y), "typical": lambda: Typical(x, y)}[kind]()
+         "topm": lambda: TopM(n), "topk-delta": lambda: TopKDelta(n, y), "typical": lambda: Typical(x, y),
+         "mars": lambda: Mars(x)}[kind]()
     assert parse_criterion(str(c)) == c
     assert str(parse_criterion(str(c))) == str(c)
 
@@ -59,7 +62,8 @@ def test_round_trip_property(kind: str, x: float, y: float, n: int) -> None:
 @pytest.mark.parametrize("bad", ["", "Greedy", "greedy:1", "additive", "additive:-0.1", "additive:x",
                                  "multiplicative:0", "multiplicative:1.5", "topm:0", "topm:2.5",
                                  "topk-delta:10", "topk-delta:0,0.5", "typical:0.09", "typical:0,0.3",
-                                 "typical:2,0.3", "additive:nan", "additive:inf", " greedy"])
+                                 "typical:2,0.3", "additive:nan", "additive:inf", " greedy", "mars:0", "mars:1.5",
+                                 "mars:", "mars:0.5,1"])
 def test_malformed_specs(bad: str) -> None:
     with pytest.raises(ValueError, match="criterion spec|must be"):
         parse_criterion(bad)
@@ -68,7 +72,8 @@ def test_malformed_specs(bad: str) -> None:
 def test_parameter_ranges() -> None:
     for make in (lambda: AdditiveRelaxed(-1), lambda: MultiplicativeRelaxed(0), lambda: MultiplicativeRelaxed(1.01),
                  lambda: TopM(0), lambda: TopM(True), lambda: TopKDelta(0, 0.1), lambda: Typical(0, 0.3),
-                 lambda: Typical(0.1, 0), lambda: AdditiveRelaxed(float("nan"))):
+                 lambda: Typical(0.1, 0), lambda: AdditiveRelaxed(float("nan")), lambda: Mars(0), lambda: Mars(1.01),
+                 lambda: Mars(float("inf"))):
         with pytest.raises(ValueError):
             make()
 

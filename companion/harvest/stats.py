@@ -22,7 +22,9 @@ the target's token with ``argmax``, first index wins): ranks are
 the order of ``torch.argmax`` and of a stable sort), strict greedy accepts the draft ``d`` iff
 ``d == token`` (``draft_rank == 1``), top-m iff ``draft_rank <= m``, and a greedy tree of width
 ``m`` covers a step iff ``token`` is among the drafter's id-ordered top ``m``
-(``token_rank_in_draft <= m``). A step certified (tree-certified) under the worst case is
+(``token_rank_in_draft <= m``); ``mars:T`` accepts iff ``draft_rank <= 2`` on the steps whose
+target logits relax it (:class:`~companion.criteria.Mars`: ``z(1) > 0``, ``z(2) / z(1) > T``),
+``draft_rank == 1`` elsewhere, decided on the harvested logits themselves. A step certified (tree-certified) under the worst case is
 accepted (covered) under any fixed tie-break, this one included; ``torch.topk``'s own order among
 exact ties is unspecified (on the CPU it does not follow ids), which the worst case covers too.
 """
@@ -130,9 +132,9 @@ class StepStatistics:
         for c, spec in zip(self.criteria, self.specs):
             tau = c.threshold_from_summary(s)
             accepted = c.accept_from(p_d, tau)
-            limit = c.index_rank_limit()
-            if limit is not None:
-                accepted = accepted & (draft_rank <= limit)
+            limits = c.rank_limits_from_summary(s)  # per row: MARS's is 2 on relaxed rows, 1 elsewhere
+            if limits is not None:
+                accepted = accepted & (draft_rank <= limits)
             out[column("accepted", spec)] = accepted
             for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
                 out[column("certified", spec, d)] = kl < target_cols[column("cert", spec, d)]
