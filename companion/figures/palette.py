@@ -12,7 +12,10 @@ chapters 7-8) take their colours and styles from here:
   and shares its colour; tree colours avoid the criteria's, so a tree is never mistaken for a
   criterion; trees are drawn dashed where they share an axis with criteria (:func:`series_style`);
 * ``+inf`` certificates are drawn in a labelled grey band at the top (or right) edge of a log
-  axis, with ``+inf`` written on the axis: :func:`inf_band`.
+  axis, with ``+inf`` written on the axis: :func:`inf_band`;
+* every figure is :data:`FIG_WIDTH` wide (:func:`new_figure`) and takes its font sizes from here
+  (:func:`set_sizes` for ticks and axis labels), because the book stretches each figure to its
+  text column: drawn at this width, no text reads under :data:`MIN_DISPLAY_PT` on the page.
 """
 from __future__ import annotations
 
