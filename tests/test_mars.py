@@ -367,3 +367,36 @@ def test_harvest_columns() -> None:
     for name in ("certified_fwd[mars:0.87]", "certified_rev[mars:0.87]"):
         assert int(cols[name].sum()) > 0
         assert not bool((cols[name] & ~cols["accepted[mars:0.87]"]).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_harvest_end_to_end(tmp_path, dtype: torch.dtype) -> None:
+    """A harvest asked for mars:0.87 (criteria come from the caller or --criteria; the presets keep
+    the paper's six) gets its columns from the harvested logits: per step top-2's or strict
+    greedy's certificate, a verdict between greedy's and top-2's, certified => accepted."""
+    from companion.harvest import harvest, load_traces
+    from companion.harvest.toy import toy_pair
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target, drafter, tok = toy_pair(vocab=512, hidden=64, layers=2)
+        target, drafter = target.to(dtype), drafter.to(dtype)
+        texts = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.", "hello"]
+        manifest = harvest(target, drafter, tok, texts, tmp_path / "h", n_steps=16, batch_size=3, progress=False,
+                           stop_at_eos=False, criteria=["greedy", "topm:2", "mars:0.87"], tree_widths=[1, 2])
+    finally:
+        torch.set_num_threads(before)
+    assert "mars:0.87" in manifest["config"]["criteria"]
+    table = load_traces(tmp_path / "h")
+    col = {n: np.asarray(table.column(n)) for n in table.column_names if "[" in n}
+    for d in ("fwd", "rev"):
+        mars, greedy, top2 = col[f"cert_{d}[mars:0.87]"], col[f"cert_{d}[greedy]"], col[f"cert_{d}[topm:2]"]
+        assert np.all((mars == greedy) | (mars == top2))
+        assert not np.any(col[f"certified_{d}[mars:0.87]"] & ~col["accepted[mars:0.87]"])
+    relaxed = col["cert_fwd[mars:0.87]"] == col["cert_fwd[topm:2]"]
+    assert 0 < relaxed.sum() < len(relaxed)  # both kinds of steps occur
+    acc_m, acc_g, acc_2 = col["accepted[mars:0.87]"], col["accepted[greedy]"], col["accepted[topm:2]"]
+    assert np.all(acc_g <= acc_m) and np.all(acc_m <= acc_2)
+    assert np.array_equal(acc_m[~relaxed & (col["cert_fwd[greedy]"] != col["cert_fwd[topm:2]"])],
+                          acc_g[~relaxed & (col["cert_fwd[greedy]"] != col["cert_fwd[topm:2]"])])
