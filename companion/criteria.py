@@ -431,8 +431,10 @@ class Mars(Criterion):
     relaxed or not. Inputs must therefore be logits (``from_logits=True``); probabilities are
     refused with ``ValueError``. For a given row of logits the accepted set is still a lower level
     set of ``p``, so the target-side certificate is strict greedy's or top-2's, row by row.
-    There is no drafter-side certificate: the drafter side ranges over targets ``p`` given ``q``
-    and knows no logit scale for them. ``0 < theta <= 1``; ``theta = 1`` never relaxes (strict
+    There is no drafter-side certificate of its own: the drafter side ranges over targets ``p``
+    given ``q`` and knows no logit scale for them, and every ``p`` has logits that are not relaxed
+    (``z = log p`` has ``z(1) <= 0``), so the infimum over all targets' logits is strict greedy's
+    drafter-side certificate whatever ``theta`` is. ``0 < theta <= 1``; ``theta = 1`` never relaxes (strict
     greedy), since ``z(2) / z(1) <= 1`` when ``z(1) > 0``.
     """
 
