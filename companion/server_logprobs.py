@@ -9,6 +9,14 @@ probabilities in decreasing order ``v_1 >= ... >= v_k`` and ``T`` for the mass o
 full distribution when the top ``k`` determine it, and otherwise the smallest value it can
 take over all such completions (or a number below that), flagging which.
 
+**Ties.** As in :func:`companion.kl_certificates.certificates`, the default is the worst case
+over tie-breaks (``ties="worst"``): a criterion rejects ``y`` iff ``p_y <= tau_worst(p)``
+(:mod:`companion.criteria`; strict greedy: ``tau_worst = p(2)``, top-m: ``p(M+1)``). The rule as
+written (``ties="level-set"``, for analysis) rejects ``y`` iff ``p_y < tau(p)`` (``<=`` for
+typical acceptance). Below, "rejected" and ``tau`` are those of the convention chosen; every
+threshold of both conventions has the monotonicity used here, and both rejection regions are
+lower level sets, so the argument is the same.
+
 **When the top k determine it.** A criterion rejects ``y`` iff ``p_y < tau(p)``. Suppose
 ``tau`` is pinned down well enough that the same top-``k`` tokens are accepted whatever the
 tail, and at least one of them is rejected (``r < k`` accepted, in decreasing order). The most
@@ -18,13 +26,18 @@ than ``v_k``. The certificate is ``C(p, y*)``, the cost of lifting ``y*`` to a m
 ``r``) and leaves every other token as it is (forward: ``q = p`` there; reverse: ``q`` is
 ``p`` rescaled), so ``C`` is a function of the pooled probabilities alone:
 ``sum_A p_i log(p_i / mean_A p)`` (forward), ``-log(1 - (P_A - |A| G_A))`` (reverse). The tail
-changes nothing: the value is exact. So is the tree certificate of width ``m`` when
-``m + 1 <= k``: it pools the target's top token with some of ``p(2..m+1)``.
+changes nothing: the value is exact. So is the worst-case tree certificate of width ``m`` when
+``m + 1 <= k``: it pools the target's top token with some of the competitors ``p(2..m+1)``
+(other maximisers among them; the decoder's token is one maximiser). Under ``"level-set"`` the
+``t`` tied maximisers all join the pool and the competitors are ``p(t+1..t+m)``: exact when
+``t + m <= k``.
 
 **Otherwise: a lower bound.** Two things can be unknown.
 
-1. *The threshold.* ``tau`` of ``topm:M`` with ``M > k`` reads ``p(M)``, of ``topk-delta:K,D``
-   with ``K > k`` reads ``p(K)``, and of typical acceptance reads the entropy ``H``. Every
+1. *The threshold.* ``tau`` of ``topm:M`` with ``M > k`` reads ``p(M)`` (``tau_worst``: ``p(M+1)``
+   when ``M + 1 > k``), of ``topk-delta:K,D`` with ``K > k`` reads ``p(K)`` (``p(K+1)``), the
+   worst-case greedy, additive and multiplicative thresholds read ``p(2)`` (unseen when
+   ``k = 1``), and typical acceptance reads the entropy ``H``. Every
    threshold here is non-decreasing in each order statistic ``p(j)`` and non-increasing in
    ``H``, so ``tau`` lies in ``[tau_lo, tau_hi]``: ``tau_hi`` with each unseen ``p(j)``
    (``j > k``) at its largest, ``min(v_k, T / (j - k))`` (the ``j - k`` largest tail tokens
@@ -40,15 +53,21 @@ changes nothing: the value is exact. So is the tree certificate of width ``m`` w
    when ``tau_lo`` gives the same boundary.
 2. *The boundary token.* When every top-``k`` token is accepted even at ``tau_hi``, ``y*`` is in
    the tail, with ``p_y* <= u = min(v_k, tau_hi, T / (1 + n))``, where ``n`` counts the tail tokens
-   that must be accepted ahead of ``y*`` (``M - k`` for ``topm:M``, else 0). Drop the
+   that must be accepted ahead of ``y*`` (``M - k`` for ``topm:M``: at least ``M`` tokens are at
+   least as likely as ``y*`` under either convention, else 0). Drop the
    constraints ``q_y* >= q_z`` for the unseen tokens ``z != y*``: the minimum over fewer
    constraints is no larger, and it is the same pooled cost over the top ``k`` only, which
    depends on ``p_y*`` alone and decreases as ``p_y*`` grows (its derivative in ``p_y*`` is
    ``log(p_y* / L) < 0`` forward, ``1 - G_A / p_y* < 0`` inside the reverse cost, the pool level
    ``L`` or ``G_A`` being above ``p_y*``). Evaluated at ``p_y* = u`` it is a lower bound on
-   ``rho*`` over every completion of the tail. For trees with ``m + 1 > k`` the unseen
-   competitors are set to their largest values ``min(v_k, T / (j - k))``; the tree cost is
-   non-increasing in each competitor's probability, so this is a lower bound too.
+   ``rho*`` over every completion of the tail. For trees whose competitors reach beyond the top
+   ``k`` the unseen ones are set to their largest values ``min(v_k, T / (j - k))``; the tree cost
+   is non-increasing in each competitor's probability, so this is a lower bound too (under
+   ``"level-set"`` a padded competitor equal to ``p(1)`` is lowered by a relative ``2^-50``: it
+   is not counted as one more tied maximiser, whose exact tie would raise the certificate).
+   Nothing is rejected by any completion (``+inf``, exact) when all ``V = k`` tokens are
+   accepted or the highest threshold is below every probability (``tau_hi < 0``, or
+   ``tau_hi <= 0`` where acceptance is ``p_y >= tau``).
 
 A lower bound certifies like the certificate itself: ``KL(p || q) < bound <= rho*`` still
 implies acceptance. It is only less often met.
@@ -76,6 +95,7 @@ from companion.criteria import (
     TopKDelta,
     TopM,
     Typical,
+    check_ties,
     parse_criteria,
 )
 from companion.summary import TopSummary
@@ -204,6 +224,7 @@ def certificates_from_logprobs(
     tail_mass: float | Tensor | Sequence[float] | None = None,
     vocab: int | None = None,
     top_k: int | None = None,
+    ties: str = "worst",
 ) -> dict[tuple[str, str], LogprobCertificate]:
     """Certificates (exact, or sound lower bounds) from each step's top-k log-probabilities.
 
@@ -220,7 +241,10 @@ def certificates_from_logprobs(
     ``tail_mass``: the probability outside the entries given, per step (scalar or leading
     shape); default ``1 - sum(exp(logprobs))``. ``vocab``: the vocabulary size ``V`` if known
     (Qwen3: 151,936); typical acceptance needs it to bound the entropy, and without it its
-    certificates are only lower bounds.
+    certificates are only lower bounds. ``ties``: the tie convention of the certificate bounded,
+    ``"worst"`` (default; the worst case over tie-breaks, sound for decoders that break exact
+    ties by token id) or ``"level-set"`` (analysis only), as in
+    :func:`companion.kl_certificates.certificates`.
 
     Returns ``{(spec, divergence): LogprobCertificate}`` and ``{("tree:m", divergence): ...}``,
     keyed like :func:`companion.kl_certificates.certificates`; each holds ``value`` (float64 nats,
@@ -228,6 +252,7 @@ def certificates_from_logprobs(
     and why it is otherwise a lower bound over every completion of the unseen tail.
     """
     # Every argument is checked before any work, so that a mistake is one line, not a traceback.
+    check_ties(ties)
     if top_k is not None:
         check_positive_int("top_k", top_k)
     widths = check_tree_widths(tree_widths)
@@ -292,23 +317,34 @@ def certificates_from_logprobs(
     crits = parse_criteria(criteria) if criteria else []
     out: dict[tuple[str, str], LogprobCertificate] = {}
     for c in crits:
-        value, exact = _criterion_bound(c, v, tail, vocab, divs)
+        value, exact = _criterion_bound(c, v, tail, vocab, divs, ties)
         for div in divs:
             out[(str(c), div)] = LogprobCertificate(value[div].reshape(lead).to(device), exact.reshape(lead).to(device))
     for m in widths:
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or (vocab is not None and m >= vocab):
             raise ValueError(f"tree width m must be an integer with 1 <= m < V, got {m!r}")
-        # Tied maximisers all join the pool (the book's tie convention), so the competitors are
-        # p(t+1..t+m). An unseen token is never counted as tied with the top: an exact tie would
-        # raise the certificate, while completions approaching it drive it down to its infimum.
-        ties = (v == v[:, :1]).sum(1)
-        competitors = _padded(v, tail, max(m + 1, int(ties.max()) + m))
-        if competitors.shape[1] > k:
-            top, pads = competitors[:, :1], competitors[:, k:]
-            competitors = torch.cat([competitors[:, :k], torch.where(pads >= top, top * (1 - 2.0**-50), pads)], 1)
-        exact = ties + m <= k
+        if ties == "worst":
+            # The decoder's token is one maximiser; every other token, tied with it or not, competes:
+            # the competitors are p(2..m+1), unseen ones at their largest (the cost is non-increasing
+            # in each competitor, and a competitor equal to p(1) is allowed: it is a tie).
+            competitors = _padded(v, tail, m + 1)
+            exact = torch.full((n,), m + 1 <= k, dtype=torch.bool)
+        else:
+            # Tied maximisers all join the pool, so the competitors are p(t+1..t+m). An unseen token
+            # is never counted as tied with the top: an exact tie would raise the certificate, while
+            # completions approaching it drive it down to its infimum.
+            n_tied = (v == v[:, :1]).sum(1)
+            competitors = _padded(v, tail, max(m + 1, int(n_tied.max()) + m))
+            if competitors.shape[1] > k:
+                top, pads = competitors[:, :1], competitors[:, k:]
+                competitors = torch.cat([competitors[:, :k], torch.where(pads >= top, top * (1 - 2.0**-50), pads)], 1)
+            exact = n_tied + m <= k
         for div in divs:
-            cost, _ = tree_cost(competitors, m, div)
+            cost, _ = tree_cost(competitors, m, div, ties=ties)
+            if competitors.shape[1] > k and bool(exact.any()):
+                # Exact rows need no padding, and padded columns would count as mass outside the
+                # pool in the reverse cost (T_A): take those rows from the top k and their tail.
+                cost = torch.where(exact, tree_cost(v, m, div, tail=tail, ties=ties)[0], cost)
             out[(f"tree:{m}", div)] = LogprobCertificate(cost.reshape(lead).to(device), exact.reshape(lead).to(device))
     return out
 
@@ -338,21 +374,28 @@ def _padded(v: Tensor, tail: Tensor, width: int) -> Tensor:
     return torch.cat([v, pad], dim=1)
 
 
-def _threshold(c: Criterion, values: Tensor, entropy: Tensor | None, vocab: int) -> Tensor:
+def _threshold(c: Criterion, values: Tensor, entropy: Tensor | None, vocab: int, ties: str) -> Tensor:
+    """``c.threshold_from_summary(s, ties)`` of sorted rows ``values`` (``p(j)`` = column ``j - 1``)
+    with entropy ``entropy``: ``tau(p)`` (``ties="level-set"``) or ``tau_worst(p)`` (``"worst"``)."""
     s = TopSummary(values=values, indices=torch.zeros(values.shape, dtype=torch.long), vocab=vocab,
                    lead_shape=torch.Size([values.shape[0]]), norm=torch.ones(values.shape[0], dtype=torch.float64),
                    entropy=entropy)
-    return c.threshold_from_summary(s)
+    return c.threshold_from_summary(s, ties)
 
 
 def _criterion_bound(c: Criterion, v: Tensor, tail: Tensor, vocab: int | None,
-                     divs: list[str]) -> tuple[dict[str, Tensor], Tensor]:
+                     divs: list[str], ties: str = "worst") -> tuple[dict[str, Tensor], Tensor]:
+    """``(value, exact)`` of criterion ``c`` from sorted top-``k`` probabilities ``v`` ``[N, k]`` and
+    tail mass ``tail`` ``[N]`` (module docstring): ``C(p, y*)`` for the first top-``k`` token rejected
+    at ``tau_hi`` (accepted iff ``v_i >= tau`` or ``> tau`` per ``c.is_strict(ties)``), exact when
+    ``tau_lo`` rejects the same one; else the pooled cost over the top ``k`` of a tail token at
+    ``u = min(v_k, tau_hi, T / (1 + n))``; ``+inf`` where no completion rejects anything."""
     if not isinstance(c, _MONOTONE):
         raise ValueError(f"criterion {c} is not supported from top-k logprobs (its threshold's monotonicity is unknown)")
     n, k = v.shape
     if vocab is not None:
         c.check_vocab(vocab)
-    width = max(k, c.top_needed())
+    width = max(k, c.top_needed(ties))
     summary_vocab = vocab if vocab is not None else width + 1
     h_lo = h_hi = None
     if c.needs_entropy:
@@ -364,19 +407,20 @@ def _criterion_bound(c: Criterion, v: Tensor, tail: Tensor, vocab: int | None,
             h_hi = h_top + torch.xlogy(tail, (vocab - k) / tail.clamp(min=1e-300))
         # Widen by float64 rounding, so that an interval giving one boundary really does.
         h_lo, h_hi = h_lo * (1 - 1e-9), h_hi * (1 + 1e-9) + 1e-12
-    tau_hi = _threshold(c, _padded(v, tail, width), h_lo, summary_vocab)
+    tau_hi = _threshold(c, _padded(v, tail, width), h_lo, summary_vocab, ties)
     lower_pad = torch.cat([v, torch.zeros(n, width - k, dtype=torch.float64)], dim=1)
-    tau_lo = _threshold(c, lower_pad, h_hi, summary_vocab)
-    r_hi = c.accept_from(v, tau_hi.unsqueeze(1)).sum(1)  # fewest top-k tokens accepted
-    r_lo = c.accept_from(v, tau_lo.unsqueeze(1)).sum(1)  # most
+    tau_lo = _threshold(c, lower_pad, h_hi, summary_vocab, ties)
+    r_hi = c.accept_from(v, tau_hi.unsqueeze(1), ties).sum(1)  # fewest top-k tokens accepted
+    r_lo = c.accept_from(v, tau_lo.unsqueeze(1), ties).sum(1)  # most
     in_top = r_hi < k
     no_tail = vocab is not None and vocab == k
     forced = max(0, c.m - k) if isinstance(c, TopM) else 0
     u = torch.minimum(torch.minimum(v[:, -1], tau_hi.clamp(min=0)), tail / (1 + forced))
     p_y = torch.where(in_top, v.gather(1, r_hi.clamp(max=k - 1).unsqueeze(1)).squeeze(1), u)
     n_above = torch.where(in_top, r_hi, torch.full_like(r_hi, k))
-    # Nothing can be rejected: all of the top k accepted and no tail, or (>= criteria) tau <= 0.
-    empty = (~in_top & no_tail) | ((tau_hi <= 0) & (not c.strict))
+    # Nothing can be rejected: all of the top k accepted and no tail, or no probability below the
+    # highest threshold (tau < 0; tau <= 0 where acceptance is p_y >= tau).
+    empty = (~in_top & no_tail) | (tau_hi < 0) | ((tau_hi <= 0) & (not c.is_strict(ties)))
     exact = (in_top & (r_hi == r_lo)) | empty
     values = {}
     for div in divs:

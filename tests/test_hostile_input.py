@@ -96,14 +96,16 @@ def test_a_duplicate_of_equal_value_is_counted_once() -> None:
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key].value, want[key].value) and torch.equal(got[key].exact, want[key].exact), key
-    # the issue's case: counting the copy would give the certificate of two tied tokens (0.1203)
+    # the issue's case: counting the copy would give the certificate of two tied tokens: 0 under the
+    # worst case over tie-breaks (the default), 0.1203 under the level-set rule
     issue = [{"token": "a", "logprob": LOG(0.4)}, {"token": "a", "logprob": LOG(0.4)}, {"token": "b", "logprob": LOG(0.1)}]
-    once = certificates_from_logprobs([issue], "greedy")[("greedy", "forward")]
-    tied = certificates_from_logprobs([[LOG(0.4), LOG(0.4), LOG(0.1)]], "greedy")[("greedy", "forward")]
-    assert float(tied.value) == pytest.approx(0.1203, abs=1e-4)
-    single = certificates_from_logprobs([[LOG(0.4), LOG(0.1)]], "greedy")[("greedy", "forward")]
-    assert float(once.value) == pytest.approx(float(single.value), rel=1e-12)
-    assert abs(float(once.value) - 0.1203) > 0.01
+    for ties, tied_value in (("worst", 0.0), ("level-set", 0.1203)):
+        once = certificates_from_logprobs([issue], "greedy", ties=ties)[("greedy", "forward")]
+        tied = certificates_from_logprobs([[LOG(0.4), LOG(0.4), LOG(0.1)]], "greedy", ties=ties)[("greedy", "forward")]
+        assert float(tied.value) == pytest.approx(tied_value, abs=1e-4)
+        single = certificates_from_logprobs([[LOG(0.4), LOG(0.1)]], "greedy", ties=ties)[("greedy", "forward")]
+        assert float(once.value) == pytest.approx(float(single.value), rel=1e-12)
+        assert abs(float(once.value) - tied_value) > 0.01
 
 
 def test_one_tree_width_and_one_divergence_are_accepted() -> None:

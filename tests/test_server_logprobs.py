@@ -1,8 +1,10 @@
 """Certificates from top-k logprobs against the full-vocabulary engine.
 
-Oracle: ``companion.kl_certificates`` on the whole distribution. Where the top-k result says
-``exact`` it must equal the full one; everywhere else it must not exceed it (a lower bound), for
-random rows, LM-like rows, adversarial completions of the tail, and hypothesis' examples.
+Oracle: ``companion.kl_certificates`` on the whole distribution, with the same tie convention.
+Where the top-k result says ``exact`` it must equal the full one; everywhere else it must not
+exceed it (a lower bound), for random rows, LM-like rows, adversarial completions of the tail,
+rows with exact ties (bf16 logits, forced ties at the top and across rank boundaries), and
+hypothesis' examples, under both ``ties="worst"`` (the default) and ``ties="level-set"``.
 """
 from __future__ import annotations
 
@@ -39,14 +41,15 @@ def _random_rows(n: int, vocab: int, seed: int) -> torch.Tensor:
     return x / x.sum(-1, keepdim=True)
 
 
-def _check(p: torch.Tensor, k: int, vocab: int | None, criteria=CRITERIA, widths=WIDTHS, **kw) -> dict[str, float]:
-    """Compare with the full engine; return the share of exact rows per key (forward)."""
+def _check(p: torch.Tensor, k: int, vocab: int | None, criteria=CRITERIA, widths=WIDTHS, ties: str = "worst",
+           **kw) -> dict[str, float]:
+    """Compare with the full engine under the same ``ties``; return the share of exact rows per key."""
     widths = [m for m in widths if m < p.shape[-1]]
     criteria = [c for c in criteria if not (c.startswith(("topm:", "topk-delta:")) and
                                             int(c.split(":")[1].split(",")[0]) >= p.shape[-1])]
-    full = certificates(p, criteria, DIVS, tree_widths=widths)
+    full = certificates(p, criteria, DIVS, tree_widths=widths, ties=ties)
     top = torch.log(p).topk(k, -1).values
-    got = certificates_from_logprobs(top, criteria, DIVS, tree_widths=widths, vocab=vocab, **kw)
+    got = certificates_from_logprobs(top, criteria, DIVS, tree_widths=widths, vocab=vocab, ties=ties, **kw)
     assert set(got) == set(full)
     shares = {}
     for key, res in got.items():
@@ -64,13 +67,14 @@ def _check(p: torch.Tensor, k: int, vocab: int | None, criteria=CRITERIA, widths
     return shares
 
 
+@pytest.mark.parametrize("ties", ["worst", "level-set"])
 @pytest.mark.parametrize("k", [1, 2, 5, 20])
 @pytest.mark.parametrize("rows", ["random", "lm"])
-def test_exact_where_flagged_and_a_lower_bound_elsewhere(k: int, rows: str) -> None:
+def test_exact_where_flagged_and_a_lower_bound_elsewhere(k: int, rows: str, ties: str) -> None:
     vocab = 300
     p = _random_rows(120, vocab, k) if rows == "random" else _lm_like(120, vocab, k)
     for v in (None, vocab):
-        shares = _check(p, k, v)
+        shares = _check(p, k, v, ties=ties)
         if k >= 2:
             # strict greedy needs only the top two: always exact
             assert shares["greedy|forward"] == 1.0 and shares["tree:1|forward"] == 1.0
@@ -124,8 +128,10 @@ def test_lower_bound_holds_for_adversarial_tails() -> None:
     give_tail=st.booleans(),
     criterion=st.sampled_from(["greedy", "additive:0.2", "additive:0.01", "multiplicative:0.3", "topm:3",
                                "topk-delta:4,0.1", "typical", "typical:0.2,0.8"]),
+    convention=st.sampled_from(["worst", "level-set"]),
 )
-def test_property_exact_or_lower_bound(vocab, k, seed, power, zeros, ties, give_vocab, give_tail, criterion) -> None:
+def test_property_exact_or_lower_bound(vocab, k, seed, power, zeros, ties, give_vocab, give_tail, criterion,
+                                       convention) -> None:
     k = min(k, vocab)
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(vocab, generator=g, dtype=torch.float64) ** power
@@ -138,7 +144,64 @@ def test_property_exact_or_lower_bound(vocab, k, seed, power, zeros, ties, give_
     kw = {}
     if give_tail:
         kw["tail_mass"] = float(1 - torch.log(p).topk(k, -1).values.exp().sum())
-    _check(p, k, vocab if give_vocab else None, criteria=[criterion], widths=[1, 2, 3], **kw)
+    _check(p, k, vocab if give_vocab else None, criteria=[criterion], widths=[1, 2, 3], ties=convention, **kw)
+
+
+TIED_CRITERIA = ["greedy", "additive:0.3", "additive:0.02", "multiplicative:0.1", "multiplicative:0.6", "topm:2",
+                 "topm:4", "topk-delta:3,0.2", "topk-delta:10,0.6", "typical", "typical:0.3,0.9"]
+
+
+def _bf16_tied_rows(n: int, vocab: int, seed: int, top_ties: int, scale: float) -> torch.Tensor:
+    """Softmax of bf16-rounded logits in which the argmax is copied to ``top_ties`` more tokens and
+    the 4th largest logit to two more (ties at the top and across the ranks 2..6)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g, dtype=torch.float64) * scale
+    for i in range(n):
+        row = logits[i]
+        row[torch.randperm(vocab, generator=g)[:top_ties]] = row.max().item()
+        row[torch.randperm(vocab, generator=g)[:2]] = row.sort(descending=True).values[3].item()
+    return torch.softmax(logits.to(torch.bfloat16).to(torch.float64), -1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    vocab=st.integers(6, 48),
+    k=st.integers(1, 12),
+    seed=st.integers(0, 2**31 - 1),
+    top_ties=st.integers(0, 3),
+    scale=st.sampled_from([0.5, 2.0, 6.0]),
+    give_vocab=st.booleans(),
+    ties=st.sampled_from(["worst", "level-set"]),
+)
+def test_property_tied_rows_never_above_the_full_certificate(vocab, k, seed, top_ties, scale, give_vocab,
+                                                             ties) -> None:
+    """On rows with exact ties the logprob value never exceeds the full-vocabulary certificate of the
+    same convention and equals it where flagged exact (``_check``); ties are really present. The
+    tail mass is passed exactly: implied from ``1 - sum`` it carries ~1e-16 absolute rounding, which
+    peaked rows (tails of 1e-13) turn into a relative error of the reverse bound (module docstring)."""
+    k = min(k, vocab)
+    p = _bf16_tied_rows(8, vocab, seed, min(top_ties, vocab - 1), scale)
+    s = p.sort(-1, descending=True).values
+    assert bool(((s[:, :-1] == s[:, 1:]) & (s[:, :-1] > 0)).any(-1).all())     # every row has an exact tie
+    _check(p, k, vocab if give_vocab else None, criteria=TIED_CRITERIA, widths=[1, 2, 4], ties=ties,
+           tail_mass=s[:, k:].sum(-1))
+
+
+def test_tied_top_worst_case_from_logprobs() -> None:
+    """The counter-example p = [0.4, 0.4, 0.2]: from the top 2 the worst-case greedy certificate and
+    the width-1 tree are exactly 0 (the top is tied); the level-set one's boundary token is in the
+    tail, so it is a bound (not flagged exact), here attained: the one tail token has ``u = T = 0.2``."""
+    lp = torch.log(torch.tensor([[0.4, 0.4]], dtype=torch.float64))
+    worst = certificates_from_logprobs(lp, ["greedy"], ["forward"], tree_widths=[1], vocab=3)
+    level = certificates_from_logprobs(lp, ["greedy"], ["forward"], tree_widths=[1], vocab=3, ties="level-set")
+    for key in (("greedy", "forward"), ("tree:1", "forward")):
+        assert worst[key].exact.all() and float(worst[key].value) == 0.0
+    # level-set: lift 0.2 onto the pool {0.4, 0.4, 0.2}: sum p_i log(p_i / (1/3))
+    expected = 0.8 * math.log(0.4 * 3) + 0.2 * math.log(0.2 * 3)
+    assert not level[("greedy", "forward")].exact.any()
+    assert math.isclose(float(level[("greedy", "forward")].value), expected, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="ties must be"):
+        certificates_from_logprobs(lp, ["greedy"], ties="first")
 
 
 def test_list_inputs_match_the_tensor_path() -> None:
