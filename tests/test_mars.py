@@ -400,3 +400,41 @@ def test_harvest_end_to_end(tmp_path, dtype: torch.dtype) -> None:
     assert np.all(acc_g <= acc_m) and np.all(acc_m <= acc_2)
     assert np.array_equal(acc_m[~relaxed & (col["cert_fwd[greedy]"] != col["cert_fwd[topm:2]"])],
                           acc_g[~relaxed & (col["cert_fwd[greedy]"] != col["cert_fwd[topm:2]"])])
+
+
+def _greedy_drafter_rho(q: torch.Tensor) -> torch.Tensor:
+    """Strict greedy's drafter-side certificate (forward KL), closed form: ``-log(1 - (sqrt q(1) - sqrt q(2))^2)``."""
+    top = torch.topk(q, 2, dim=-1).values
+    return -torch.log1p(-(top[..., 0].sqrt() - top[..., 1].sqrt()) ** 2)
+
+
+def test_drafter_side_is_strict_greedys() -> None:
+    """Why MARS has no drafter-side certificate of its own: (a) strict greedy's drafter-side
+    certificate is sound for MARS whatever the target's logits (MARS rejects only where greedy
+    does); (b) it is attained: its minimiser p*, pushed just past the boundary and given the
+    logits log p* (z(1) < 0: never relaxed), is rejected by MARS at a KL just above it."""
+    g = torch.Generator().manual_seed(21)
+    zq = torch.randn(400, 6, generator=g, dtype=torch.float64) * 1.5
+    q = torch.softmax(zq, -1)
+    d = q.argmax(-1)
+    rho = _greedy_drafter_rho(q)
+    certified_steps = 0
+    for shift in (-6.0, 0.0, 6.0, 30.0):  # (a): targets near q at several logit offsets
+        zp = zq + 0.4 * torch.randn(zq.shape, generator=g, dtype=torch.float64) + shift
+        kl = kl_divergence(zp, zq, from_logits=True)
+        ok = kl < rho
+        certified_steps += int(ok.sum())
+        for r in torch.nonzero(ok).squeeze(1).tolist():
+            assert mars_decoder(zp[r], int(d[r])) and bool(Mars().decoder_accepts(zp[r], int(d[r]), from_logits=True))
+    assert certified_steps >= 100
+    for r in range(20):  # (b): the minimiser pools d with the runner-up c at sqrt(q_d q_c), the rest as q
+        qr = q[r]
+        c = int(torch.topk(qr, 2).indices[1])
+        p = qr.clone()
+        p[[int(d[r]), c]] = torch.sqrt(qr[d[r]] * qr[c])
+        p[c] *= 1 + 1e-7  # just past the boundary: c above d
+        p /= p.sum()
+        z = torch.log(p)
+        assert float(z.max()) < 0 and not bool(Mars().relaxed(z))
+        assert not bool(Mars().decoder_accepts(z, int(d[r]), from_logits=True)) and not mars_decoder(z, int(d[r]))
+        assert float(kl_divergence(p, qr)) == pytest.approx(float(rho[r]), rel=1e-5, abs=1e-12)
