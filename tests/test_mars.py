@@ -291,7 +291,7 @@ def _rounded_pairs(seed: int, n: int, v: int, dtype: torch.dtype) -> tuple[torch
     z[near, top.indices[near, 1]] = top.values[near, 0] * THETA * (1 + 1e-3 * torch.randn(near.numel(), generator=g,
                                                                                            dtype=torch.float64))
     z = z.to(dtype)
-    noise = torch.randn(n, v, generator=g, dtype=torch.float64) * torch.logspace(-3, 0, n).unsqueeze(1)
+    noise = torch.randn(n, v, generator=g, dtype=torch.float64) * torch.logspace(-3, 0.6, n).unsqueeze(1)
     return z, (z.double() + noise).to(dtype)
 
 
