@@ -139,10 +139,10 @@ def test_relaxed_mode_accepts_exactly_what_the_criterion_accepts(pair, criterion
             for a, d in zip(r.accepted, r.draft_tokens):
                 for j in range(a):
                     assert r.tokens[pos + j] == d[j]
-                    assert bool(crit.accepts(logits[pos + j], d[j], from_logits=True)), (pos + j, d[j])
+                    assert bool(crit.decoder_accepts(logits[pos + j], d[j], from_logits=True)), (pos + j, d[j])
                     lossy += int(d[j] != int(logits[pos + j].argmax()))
                 if a < len(d):
-                    assert not bool(crit.accepts(logits[pos + a], d[a], from_logits=True)), (pos + a, d[a])
+                    assert not bool(crit.decoder_accepts(logits[pos + a], d[a], from_logits=True)), (pos + a, d[a])
                 if pos + a < len(r.tokens):
                     assert int(r.tokens[pos + a]) == int(logits[pos + a].argmax())
                 pos += a + 1

@@ -12,7 +12,11 @@ cropped to the tokens they computed on the kept prefix.
   the floating-point differences between a one-token and a multi-token forward, which only
   matter at exact near-ties of the target's logits).
 * any other spec of :mod:`companion.criteria` (``"multiplicative:0.1"``...): draft ``d_t`` is
-  accepted iff ``p_t(d_t) >= tau(p_t)`` under that criterion. The output is *lossy*: it is no
+  accepted iff a real decoder accepts it under that criterion
+  (:meth:`~companion.criteria.Criterion.decoder_accepts`): ``p_t(d_t) >= tau(p_t)`` (``>`` for
+  typical acceptance) and, for the rank conditions, ``d_t`` in the id-ordered ``topk(p_t, M)``
+  (``topm:M``; ``topk(p_t, K)`` for ``topk-delta:K,D``), exact ties going to the lowest id, as
+  ``torch.argmax``/``topk`` resolve them. The output is *lossy*: it is no
   longer the target's greedy decoding, only a sequence in which every token passed the criterion.
   Calibrated policies then use that criterion's drafter-side certificate.
 
@@ -297,8 +301,11 @@ def generate(
             if lossless:
                 ok = [drafts[j] == greedy[j] for j in range(k)]
             else:
-                ok = crit.accepts(p_logits[:k], torch.tensor(drafts[:k], dtype=torch.long, device=p_logits.device),
-                                  from_logits=True).tolist() if k else []
+                # the decoders' own rule: the threshold test, and for rank conditions (greedy, top-m,
+                # top-k-delta) the id-ordered argmax/topk of the target's logits, first index wins
+                ok = crit.decoder_accepts(p_logits[:k], torch.tensor(drafts[:k], dtype=torch.long,
+                                                                     device=p_logits.device),
+                                          from_logits=True).tolist() if k else []
             a = 0
             while a < k and ok[a]:
                 a += 1
