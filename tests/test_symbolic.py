@@ -322,21 +322,24 @@ def _hyp_targets():
 @settings(max_examples=200, deadline=None)
 def test_every_finite_certificate_below_ceiling_property(p):
     """rho* <= KL(p || (p + e_{y*})/2) <= (1 - p_{y*}) log 2 <= log 2 for every criterion; +inf
-    exactly when nothing is rejected."""
+    exactly when nothing is rejected. Under each tie convention, against the rejection region of
+    that same convention (``y*`` its most likely token)."""
     pt = torch.tensor(p, dtype=torch.float64)
     crits = [c for c in map(parse_criterion, CEILING_SPECS) if _fits(c, len(p))]
-    certs = certificates(pt, crits, ("forward",))
-    for c in crits:
-        rho = float(certs[(str(c), "forward")])
-        rejected = c.rejection_mask(pt)
-        assert math.isinf(rho) == (not bool(rejected.any()))
-        if math.isinf(rho):
-            continue
-        boundary = float(pt[rejected].max())
-        mix = (1 - boundary) * math.log(2) + (boundary * math.log(2 * boundary / (1 + boundary)) if boundary else 0.0)
-        assert rho <= mix * (1 + 1e-12) + 1e-15
-        assert mix <= (1 - boundary) * math.log(2) * (1 + 1e-15) + 1e-15
-        assert rho <= math.log(2) * (1 + 1e-12)
+    for ties in ("worst", "level-set"):
+        certs = certificates(pt, crits, ("forward",), ties=ties)
+        for c in crits:
+            rho = float(certs[(str(c), "forward")])
+            rejected = c.rejection_mask(pt, ties=ties)
+            assert math.isinf(rho) == (not bool(rejected.any())), (ties, str(c))
+            if math.isinf(rho):
+                continue
+            boundary = float(pt[rejected].max())
+            mix = (1 - boundary) * math.log(2) + (boundary * math.log(2 * boundary / (1 + boundary))
+                                                  if boundary else 0.0)
+            assert rho <= mix * (1 + 1e-12) + 1e-15, (ties, str(c))
+            assert mix <= (1 - boundary) * math.log(2) * (1 + 1e-15) + 1e-15
+            assert rho <= math.log(2) * (1 + 1e-12), (ties, str(c))
 
 
 def _fits(c, vocab: int) -> bool:

@@ -95,10 +95,18 @@ def test_parameters() -> None:
 
 
 def test_empty_rejection_region_is_inf_and_witness_nan() -> None:
+    """A uniform p: the level-set rule accepts every token (nothing rejected: +inf, NaN witness);
+    the worst case over tie-breaks rejects greedy's every token (a 4-way tied top: 0, and the
+    witness is p itself), while additive:0.5 (tau_worst = min(p(1) - 0.5, p(2)) < 0) still
+    rejects nothing."""
     p = torch.full((4,), 0.25, dtype=torch.float64)
-    assert torch.isinf(certificate(p, "greedy"))
+    assert torch.isinf(certificate(p, "greedy", ties="level-set"))
+    assert torch.isinf(certificate(p, "additive:0.5", ties="level-set"))
+    assert torch.isnan(witness(p, "greedy", ties="level-set")).all()
+    assert float(certificate(p, "greedy")) == 0.0
+    assert torch.equal(witness(p, "greedy"), p)
     assert torch.isinf(certificate(p, "additive:0.5"))
-    assert torch.isnan(witness(p, "greedy")).all()
+    assert torch.isnan(witness(p, "additive:0.5")).all()
 
 
 def test_results_stay_on_device_and_keep_shape() -> None:
