@@ -428,8 +428,9 @@ class Mars(Criterion):
 
     The rule reads the logits, not ``p``: adding a constant ``c`` to every logit leaves ``p``
     unchanged but turns the ratio into ``(z(2) + c) / (z(1) + c)``, so the same ``p`` can be
-    relaxed or not. Inputs must therefore be logits (``from_logits=True``); probabilities are
-    refused with ``ValueError``. For a given row of logits the accepted set is still a lower level
+    relaxed or not. Inputs must therefore be the model's raw logits (``from_logits=True``);
+    probabilities are refused with ``ValueError``, and log-probabilities (``log_softmax``, or a
+    server's logprobs) have ``z(1) <= 0``, so they are never relaxed. For a given row of logits the accepted set is still a lower level
     set of ``p``, so the target-side certificate is strict greedy's or top-2's, row by row.
     There is no drafter-side certificate of its own: the drafter side ranges over targets ``p``
     given ``q`` and knows no logit scale for them, and every ``p`` has logits that are not relaxed
