@@ -73,10 +73,6 @@ def check_distribution_tensor(p: Tensor, what: str = "p") -> None:
         raise ValueError(f"{what} is empty (shape {tuple(p.shape)})")
     if not p.is_floating_point():
         raise ValueError(f"{what} must be a floating-point tensor, got {p.dtype}")
-    # `certified` is the one caller that names its first argument "target logits", and it checks
-    # it once per call: the place to catch probabilities passed with from_logits=True.
-    if what == "target logits":
-        warn_if_probabilities(p, what, stacklevel=4)
 
 
 def warn_if_probabilities(logits: Tensor, what: str = "logits", *, stacklevel: int = 2) -> bool:

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from companion.kl_certificates import certificates, kl_divergence
 from companion.criteria import Criterion, check_ties, parse_criteria, parse_criterion
-from companion.validation import check_distribution_tensor, check_divergence
+from companion.validation import check_distribution_tensor, check_divergence, warn_if_probabilities
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,10 @@ def certified(
     (analysis only: then certified steps at exact ties may be rejected); ``accepted`` is the
     decoders' first-index verdict either way.
 
+    With ``from_logits=True``, a ``p`` whose every row lies in [0, 1] and sums to 1 (probabilities,
+    most likely) draws one ``UserWarning`` per call
+    (:func:`~companion.validation.warn_if_probabilities`).
+
     Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
     with, per row, ``certified = KL < rho*`` and ``accepted``; the rule ``KL < rho* => accepted``
     holds on every row under ``ties="worst"`` (module docstring).
@@ -121,6 +125,10 @@ def certified(
     check_distribution_tensor(q, what_q)
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape [..., V], got {tuple(p.shape)} and {tuple(q.shape)}")
+    if from_logits:
+        # Once per call, at the caller's line (stacklevel 3: warn_if_probabilities, this function,
+        # its caller): probabilities passed as logits give wrong certificates with no error.
+        warn_if_probabilities(p, "target logits", stacklevel=3)
     crits = parse_criteria(criteria)
     if not crits:
         raise ValueError("criteria is empty: give at least one criterion spec, e.g. 'greedy'")
