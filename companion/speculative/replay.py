@@ -14,14 +14,14 @@ whatever the policy; and the number ``L_s`` of leading drafts of that chain equa
   the policies that read it), and, at each position ``m`` where the drafter's greedy token is not
   the text's, a cached greedy extension of the drafter past that mismatch (shared by every chain
   that diverges at ``m``).
-* :func:`replay` runs a :class:`~companion.speculative.policies.Policy` on the recording and
-  returns the :class:`~companion.speculative.decoder.SpeculativeResult` that
-  :func:`~companion.speculative.decoder.generate` would return (tokens, forwards, and per round
+* :func:`replay` runs a :class:`~companion.speculative.Policy` on the recording and
+  returns the :class:`~companion.speculative.SpeculativeResult` that
+  :func:`~companion.speculative.generate` would return (tokens, forwards, and per round
   the drafts made, submitted and accepted), without running a model: the policy sees the same
   ``start_round`` / ``wants_draft`` / ``observe`` / ``submit`` / ``end_round`` calls with the same
   arguments.
 * :func:`oracle_cost` is the least modelled cost per token (the convention of
-  :func:`~companion.speculative.costs.modelled_cost`) of any lossless chain policy on the recorded
+  :func:`~companion.speculative.modelled_cost`) of any lossless chain policy on the recorded
   text, by dynamic programming over positions; :func:`oracle_plan` and :func:`oracle_result`
   give the rounds that reach it.
 
@@ -154,7 +154,7 @@ def record_chains(
 ) -> RecordedChains:
     """Record the target's greedy text of ``input_ids`` and the drafter's greedy chain from every position of it.
 
-    ``max_new_tokens`` and ``eos_token_id`` as in :func:`~companion.speculative.decoder.generate`
+    ``max_new_tokens`` and ``eos_token_id`` as in :func:`~companion.speculative.generate`
     (``None``: the target's ``generation_config.eos_token_id``). ``max_drafts``: the longest chain
     recorded from any position (``None``: as long as the length budget allows, so that every
     policy replays exactly; a replay that needs more raises ``ValueError``).
@@ -359,7 +359,7 @@ def oracle_cost(chains: RecordedChains, costs: CostModel) -> float:
     """Least modelled cost per generated token any lossless chain policy reaches on ``chains``' text.
 
     ``(sum_r V(k_r) + c * drafter calls) / tokens`` minimised over every sequence of rounds (see
-    :func:`oracle_plan`); the convention of :func:`~companion.speculative.costs.modelled_cost`
+    :func:`oracle_plan`); the convention of :func:`~companion.speculative.modelled_cost`
     (prefill counted as an ordinary forward). ``nan`` for an empty text.
     """
     n = len(chains.tokens)
@@ -370,7 +370,7 @@ def oracle_cost(chains: RecordedChains, costs: CostModel) -> float:
 
 def oracle_result(chains: RecordedChains, costs: CostModel) -> SpeculativeResult:
     """The rounds of :func:`oracle_plan` as a :class:`SpeculativeResult` (policy ``"oracle"``), so that
-    :func:`~companion.speculative.costs.modelled_cost` and the comparison's bootstrap price it like any policy."""
+    :func:`~companion.speculative.modelled_cost` and the comparison's bootstrap price it like any policy."""
     plan = oracle_plan(chains, costs)
     accepted, draft_tokens = [], []
     s = 0
@@ -419,7 +419,7 @@ def replay_comparison(
     cold: bool = True,
     replayed: dict[str, list[SpeculativeResult]] | None = None,
 ) -> PolicyComparison:
-    """:func:`~companion.speculative.compare.compare_policies` from recordings, priced with ``costs``, plus the oracle.
+    """:func:`~companion.speculative.compare_policies` from recordings, priced with ``costs``, plus the oracle.
 
     The same protocol: ``builtins`` (``constant:0`` first) replayed on every evaluated prompt;
     each calibrated rule given ``costs``' knobs (``c``, ``v1``, ``dv``), warmed on
