@@ -426,7 +426,11 @@ def stochastic_contrast(
     does on the same pair (certified by ``KL < rho*``, accepted but not certified, rejected).
     (b) Worst-case paths ``q_t ∝ p^(1-t) (q*)^t`` from each of ``path_targets`` through its
     witness ``q*`` (reached at ``t = 1``, where ``KL = rho*``): ``1 - TV`` (solid), Pinsker (thin),
-    and whether the greedy check accepts ``argmax q_t`` (dashed steps, 0 or 1)."""
+    and whether the greedy check accepts ``argmax q_t`` (dashed steps, 0 or 1).
+
+    "Accepts" is the decoders' verdict on the drafter's greedy token
+    (:meth:`~companion.criteria.Criterion.decoder_accepts`: ``argmax``, the first index wins on
+    exact ties); ``rho*`` is the worst-case certificate, so a certified pair is always accepted."""
     from matplotlib.lines import Line2D
 
     c = parse_criterion(criterion)
@@ -435,7 +439,8 @@ def stochastic_contrast(
     kl = kl_divergence(p, q)
     acc = acceptance_probability(p, q)
     rho = certificate(p, c)
-    accepted = c.accepts(p, torch.argmax(q, dim=-1))
+    # the decoders' verdict on the drafter's greedy token (argmax: on exact ties the first index wins)
+    accepted = c.decoder_accepts(p, torch.argmax(q, dim=-1))
     certified = kl < rho
     fig = new_figure(7.0)
     ax_a, ax_b = fig.subplots(2, 1)
@@ -468,7 +473,7 @@ def stochastic_contrast(
         pp = pt.expand_as(qs)
         kl_t = kl_divergence(pp, qs)
         acc_t = acceptance_probability(pp, qs)
-        ok = c.accepts(pp, torch.argmax(qs, dim=-1)).to(torch.float64)
+        ok = c.decoder_accepts(pp, torch.argmax(qs, dim=-1)).to(torch.float64)
         top2 = torch.topk(pt, 2).values
         (ln,) = ax_b.plot(kl_t.numpy(), acc_t.numpy(), color=color, lw=2)
         ln.set_gid(f"path:{idx}")
