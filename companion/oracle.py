@@ -6,6 +6,16 @@ subject to the linear constraints ``theta_y >= theta_z`` with scipy's SLSQP from
 starts, and takes the minimum over ``y``. Thresholds are recomputed here in NumPy from the
 criterion's parameters, again independently of the engine. Cost grows like ``V`` solves of a
 ``V``-dimensional problem: keep ``V`` small (<= 10).
+
+Ties. ``ties="level-set"`` is the rule as written (:func:`rejected_tokens`' default, as the
+criteria's own ``rejection_mask``); ``ties="worst"`` (the default of
+:func:`brute_force_certificate`, as of the engine's certificates) is the worst case over
+tie-breaks, found without the engine's ``tau_worst`` formulas: a token is worst-case rejected
+when the rule as written rejects it under the perturbation of ``p`` most unfavourable to it
+(:func:`perturbed_against`: ``p_y`` lowered and every other probability raised by a relative
+``1e-9``, far below every gap that is not an exact tie, which breaks every tie against ``y`` and
+moves ``y`` below a threshold it sits exactly on, and nothing else). Worst-case trees take every
+maximiser of ``p`` as the decoder's token and every other token as a competitor.
 """
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ from companion.criteria import (
     TopKDelta,
     TopM,
     Typical,
+    check_ties,
     parse_criterion,
 )
 
@@ -84,8 +95,35 @@ def _entropy(p: np.ndarray) -> float:
     return float(-(nz * np.log(nz)).sum())
 
 
-def rejected_tokens(p: np.ndarray, criterion: Criterion | str) -> np.ndarray:
-    """Indices of the rejection region, computed in NumPy from the criterion's definition."""
+def perturbed_against(p: np.ndarray, y: int, rel: float = 1e-9) -> np.ndarray:
+    """``p`` with ``p_y`` lowered and every other entry raised by a relative ``rel`` (plus 1e-300
+    absolute, so that zeros move too), renormalised: ``q = p (1 + rel d) + 1e-300 d``, ``d_y = -1``,
+    ``d_z = +1`` otherwise, then ``q / sum q``."""
+    p = np.asarray(p, dtype=np.float64)
+    d = np.ones(len(p))
+    d[y] = -1.0
+    q = p * (1 + rel * d) + 1e-300 * d
+    return q / q.sum()
+
+
+def rejected_tokens(p: np.ndarray, criterion: Criterion | str, ties: str = "level-set",
+                    rel: float = 1e-9) -> np.ndarray:
+    """Indices of the rejection region, computed in NumPy from the criterion's definition.
+
+    ``ties="level-set"`` (default): ``{y : p_y < tau(p)}`` (``<=`` for typical acceptance), ``tau``
+    recomputed here. ``"worst"``: ``{y : y in R(perturbed_against(p, y, rel))}``, the tokens some
+    arbitrarily small perturbation (hence some tie-break) rejects (module docstring).
+    """
+    if check_ties(ties) == "worst":
+        p = np.asarray(p, dtype=np.float64)
+        return np.array([y for y in range(len(p)) if y in set(_level_set_rejected(perturbed_against(p, y, rel),
+                                                                                 criterion).tolist())],
+                        dtype=np.int64)
+    return _level_set_rejected(p, criterion)
+
+
+def _level_set_rejected(p: np.ndarray, criterion: Criterion | str) -> np.ndarray:
+    """``{y : p_y < tau(p)}`` (``<=`` for typical), ``tau`` from the criterion's parameters."""
     c = parse_criterion(criterion)
     s = np.sort(p)[::-1]
     if isinstance(c, StrictGreedy):
@@ -115,22 +153,37 @@ def brute_force_cost(p: np.ndarray, y: int, divergence: str = "forward", restart
 
 
 def brute_force_certificate(p: np.ndarray, criterion: Criterion | str, divergence: str = "forward",
-                            restarts: int = 3, seed: int = 0) -> float:
-    """``min over rejected y`` of :func:`brute_force_cost`; ``inf`` when nothing is rejected."""
+                            restarts: int = 3, seed: int = 0, ties: str = "worst") -> float:
+    """``min over rejected y`` of :func:`brute_force_cost`; ``inf`` when nothing is rejected.
+
+    ``ties``: whose rejection region (:func:`rejected_tokens`): ``"worst"`` (default, as the
+    engine's certificates) or ``"level-set"``; the cost of each token is the same either way."""
     p = np.asarray(p, dtype=np.float64)
-    rejected = rejected_tokens(p, criterion)
+    rejected = rejected_tokens(p, criterion, ties)
     return min((brute_force_cost(p, int(y), divergence, restarts, seed) for y in rejected), default=math.inf)
 
 
 def brute_force_tree_certificate(p: np.ndarray, m: int, divergence: str = "forward",
-                                 restarts: int = 3, seed: int = 0) -> float:
-    """Min over every set ``S`` of ``m`` non-maximisers of ``p`` of
-    ``min { D(p, q) : q_z >= q_g for z in S and every maximiser g of p }`` (enumerates all
-    subsets): the drafter's top ``m``, ties broken against us, then holds no maximiser of ``p``.
-    ``inf`` when fewer than ``m`` tokens are not maximisers."""
+                                 restarts: int = 3, seed: int = 0, ties: str = "level-set") -> float:
+    """The width-``m`` tree certificate by enumeration of every competitor set.
+
+    ``ties="level-set"`` (default here, unlike the engine's ``tree_certificate``: callers read it
+    as the level-set reference): min over every set ``S`` of ``m`` non-maximisers of ``p`` of
+    ``min { D(p, q) : q_z >= q_g for z in S and every maximiser g of p }``: the drafter's top
+    ``m``, ties broken against us, then holds no maximiser of ``p``; ``inf`` when fewer than ``m``
+    tokens are not maximisers. ``"worst"``: min over every maximiser ``g`` of ``p`` (the decoder's
+    token under some tie-break) and every set ``S`` of ``m`` tokens other than ``g`` of
+    ``min { D(p, q) : q_z >= q_g for z in S }``; ``inf`` when ``m >= V``."""
     p = np.asarray(p, dtype=np.float64)
     maximisers = np.nonzero(p == p.max())[0]
     rng = np.random.default_rng(seed)
+    if check_ties(ties) == "worst":
+        best = math.inf
+        for g in maximisers:
+            others = [z for z in range(len(p)) if z != g]
+            for subset in itertools.combinations(others, m):
+                best = min(best, _solve(p, divergence, [(z, int(g)) for z in subset], restarts, rng))
+        return best
     others = [z for z in range(len(p)) if p[z] != p.max()]
     return min((_solve(p, divergence, [(z, int(g)) for z in subset for g in maximisers], restarts, rng)
                 for subset in itertools.combinations(others, m)), default=math.inf)

@@ -551,3 +551,30 @@ def test_greedy_certificate_is_half_s_times_the_capacitory_discrimination_of_the
     P, Q = [p1 / s, p2 / s], [p2 / s, p1 / s]
     assert S.identical(s / 2 * S.capacitory_discrimination(P, Q), S.two_point_forward(p1, p2))
     assert sp.simplify(S.triangular_discrimination(P, Q) - 2 * (p1 - p2) ** 2 / s**2) == 0
+
+
+def test_brute_force_oracle_tie_conventions_on_the_counter_example():
+    """``companion.oracle`` with ``ties`` on ``p = [0.4, 0.4, 0.2]`` against closed forms: the
+    worst case rejects every token under greedy (tied top: some tie-break rejects each maximiser),
+    so its certificate is 0 and the width-1 tree's too; the level-set rule rejects only the third
+    token, whose cost pools all three: ``0.8 log 1.2 + 0.2 log 0.6`` (forward) and
+    ``-log(3 (0.4 * 0.4 * 0.2)^(1/3))`` (reverse). The engine agrees under each convention."""
+    from companion.oracle import brute_force_certificate, brute_force_tree_certificate, rejected_tokens
+
+    p = np.array([0.4, 0.4, 0.2])
+    assert rejected_tokens(p, "greedy", ties="worst").tolist() == [0, 1, 2]
+    assert rejected_tokens(p, "greedy").tolist() == [2]
+    closed = {"forward": 0.8 * math.log(1.2) + 0.2 * math.log(0.6),
+              "reverse": -math.log(3 * (0.4 * 0.4 * 0.2) ** (1 / 3))}
+    pt = torch.tensor(p, dtype=torch.float64)
+    for div, value in closed.items():
+        assert brute_force_certificate(p, "greedy", div) == pytest.approx(0.0, abs=1e-9)
+        assert brute_force_tree_certificate(p, 1, div, ties="worst") == pytest.approx(0.0, abs=1e-9)
+        assert brute_force_certificate(p, "greedy", div, ties="level-set") == pytest.approx(value, abs=1e-8)
+        assert brute_force_tree_certificate(p, 1, div) == pytest.approx(value, abs=1e-8)
+        engine = certificates(pt, ["greedy"], [div], tree_widths=[1], ties="level-set")
+        assert float(engine[("greedy", div)]) == pytest.approx(value, rel=1e-12)
+        assert float(engine[("tree:1", div)]) == pytest.approx(value, rel=1e-12)
+        assert float(certificates(pt, ["greedy"], [div])[("greedy", div)]) == 0.0
+    with pytest.raises(ValueError, match="ties must be"):
+        rejected_tokens(p, "greedy", ties="first")
