@@ -10,7 +10,8 @@ from matplotlib.figure import Figure
 
 from companion.figures import decode_time as D
 from companion.figures import palette as P
-from companion.speculative.compare import PolicySummary
+from companion.speculative.compare import PolicySummary, RatioEstimate
+from companion.speculative.replay import GridRow
 from tests.figure_checks import displayed_sizes, saved_width_in, too_small_when_shown
 
 
@@ -48,3 +49,40 @@ def test_decode_time_figures_are_readable() -> None:
     costs = D.policy_costs(rows, builtins=["constant:0", "constant:3", "confidence:0.4"], best="constant:3")
     for name, fig in (("score_reliability", reliability), ("policy_costs", costs)):
         assert too_small_when_shown(fig) == [], f"{name}: text under 9 pt at the book's column width"
+
+
+def _grid_row(shape: str, c: float) -> GridRow:
+    """A cost model of the replay grid with made-up ratios (only the drawing is under test)."""
+    to_oracle = {"constant:3": 1.3 + c, "constant:9": 1.2 + c, "confidence:0.4": 1.4, "certificate": 1.2 + c / 2,
+                 "top1": 1.25, "margin": 1.1 + c / 2}
+    best = min(to_oracle, key=to_oracle.get)
+    return GridRow(shape=shape, c=c, oracle_cost=0.3, costs={p: 0.3 * x for p, x in to_oracle.items()},
+                   to_oracle=to_oracle, best_constant="constant:9", best_policy=best, default="confidence:0.4",
+                   cert_vs_constant=RatioEstimate(0.95, 0.9, 1.01), cert_vs_default=RatioEstimate(0.9, 0.85, 0.95),
+                   cert_vs_oracle=RatioEstimate(1.2 + c / 2, 1.1 + c / 2, 1.3 + c / 2),
+                   best_vs_oracle=RatioEstimate(1.1, 1.05, 1.15), gap_closed={p: 0.5 for p in to_oracle})
+
+
+def test_replay_figure_is_readable_and_its_tick_labels_do_not_collide() -> None:
+    from companion.figures import replay as R
+    from tests.figure_checks import extent, overlapping
+
+    # the chapter's grid: c = 0.02 .. 1 (replay_c_grid) and three shapes of V, with its panel titles
+    rows = [_grid_row(shape, c) for shape in ("flat", "gentle", "cpu") for c in (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)]
+    labels = {"flat": "flat V(k) = 1 (GPU, batch 1)", "gentle": "gently rising V(k) = 1 + 0.02 k",
+              "cpu": "the CPU's measured V"}
+    fig = R.oracle_ratios(rows, labels)
+    assert too_small_when_shown(fig) == [], "oracle_ratios: text under 9 pt at the book's column width"
+    assert saved_width_in(fig) <= P.DISPLAY_WIDTH_IN
+    shown = {text for text, _ in displayed_sizes(fig)}
+    assert set(labels.values()) <= shown and {"0.02", "0.05", "1"} <= shown, shown
+    labelled = 0
+    for ax in fig.axes:
+        if not ax.axison:
+            continue
+        ticks = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert [t.get_text() for t in ticks] in ([], ["0.02", "0.05", "0.1", "0.2", "0.5", "1"])
+        boxes = [extent(t, fig) for t in ticks]
+        assert overlapping(boxes) == [], f"{ax.get_title()}: c tick labels collide"
+        labelled += bool(ticks)
+    assert labelled == 2, f"the bottom panels (gentle, cpu) carry the c ticks; {labelled} panels do"

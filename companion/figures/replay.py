@@ -2,8 +2,10 @@
 
 :func:`oracle_ratios` returns a pyplot-free :class:`matplotlib.figure.Figure`; every drawn series
 has a ``gid`` (``"line:flat:certificate"``, ``"band:flat:certificate"``) so tests can read the
-values back. Texts are at least 9.5 pt in a figure 6.6 inches wide, so that none reads under
-9 pt when the book shows it at its ~688 px text column.
+values back. Like every figure of the book it is :data:`~companion.figures.palette.FIG_WIDTH`
+wide (:func:`~companion.figures.palette.new_figure`) and takes its font sizes from
+:mod:`companion.figures.palette` (:func:`~companion.figures.palette.set_sizes`), so that no text
+reads under 9 pt when the book shows it at its text column.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from companion.figures.decode_time import SCORE_COLORS
+from companion.figures.palette import LABEL_SIZE, LEGEND_SIZE, TITLE_SIZE, new_figure, set_sizes
 from companion.speculative.replay import GridRow
 
 __all__ = ["FIGURE_NAMES", "SERIES", "oracle_ratios"]
@@ -19,16 +23,18 @@ __all__ = ["FIGURE_NAMES", "SERIES", "oracle_ratios"]
 FIGURE_NAMES: dict[str, str] = {"oracle_ratios": "dec_oracle_ratios"}
 """Stable ``save_figure`` names, keyed by function name."""
 
-WIDTH_IN = 6.6
-FONT = 10.0
-SMALL = 9.5
+ORACLE_COLOR = "#c44e52"
+"""The oracle's line (cost over the oracle's = 1)."""
+
+PANEL_HEIGHT = 2.55
+"""Height (inches) of one row of panels."""
 
 SERIES: dict[str, dict[str, object]] = {
     "best constant": {"color": "#9a9a9a", "ls": "-", "marker": "s"},
     "transformers default": {"color": "#555555", "ls": "--", "marker": "v"},
-    "certificate": {"color": "#0072b2", "ls": "-", "marker": "o"},
-    "top1": {"color": "#e69f00", "ls": "-", "marker": "^"},
-    "margin": {"color": "#009e73", "ls": "-", "marker": "D"},
+    "certificate": {"color": SCORE_COLORS["certificate"], "ls": "-", "marker": "o"},
+    "top1": {"color": SCORE_COLORS["top1"], "ls": "-", "marker": "^"},
+    "margin": {"color": SCORE_COLORS["margin"], "ls": "-", "marker": "D"},
     "cheapest policy": {"color": "#000000", "ls": ":", "marker": "x"},
 }
 """The series drawn and their styles; the score colours are those of :mod:`companion.figures.decode_time`."""
@@ -58,7 +64,7 @@ def oracle_ratios(rows: Sequence[GridRow], labels: Mapping[str, str]) -> Figure:
         raise ValueError("no grid rows to draw")
     ncols = 2
     nrows = (len(shapes) + 1 + ncols - 1) // ncols  # one cell more for the legend
-    fig = Figure(figsize=(WIDTH_IN, 2.55 * nrows + 0.2), layout="constrained")
+    fig = new_figure(PANEL_HEIGHT * nrows + 0.2)
     axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True)
     handles = []
     for idx, shape in enumerate(shapes):
@@ -74,15 +80,14 @@ def oracle_ratios(rows: Sequence[GridRow], labels: Mapping[str, str]) -> Figure:
                               gid=f"line:{shape}:{name}", **style)
             if idx == 0:
                 handles.append(line)
-        ax.axhline(1.0, color="#c44e52", lw=1.2, gid=f"oracle:{shape}")
+        ax.axhline(1.0, color=ORACLE_COLOR, lw=1.2, gid=f"oracle:{shape}")
         ax.set_xscale("log")
-        ax.set_title(labels.get(shape, shape), fontsize=FONT)
+        ax.set_title(labels.get(shape, shape), fontsize=TITLE_SIZE)
         ax.grid(alpha=0.3, which="both")
-        ax.tick_params(labelsize=SMALL)
         if idx % ncols == 0:
-            ax.set_ylabel("cost / oracle's cost", fontsize=FONT)
+            ax.set_ylabel("cost / oracle's cost", fontsize=LABEL_SIZE)
         if idx // ncols == nrows - 1 or idx + ncols >= len(shapes):
-            ax.set_xlabel("drafter forward cost c", fontsize=FONT)
+            ax.set_xlabel("drafter forward cost c", fontsize=LABEL_SIZE)
             ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xticks(cs, [f"{c:g}" for c in cs])
         ax.minorticks_off()
@@ -91,9 +96,9 @@ def oracle_ratios(rows: Sequence[GridRow], labels: Mapping[str, str]) -> Figure:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    extra = [Line2D([], [], color="#c44e52", lw=1.2, label="oracle (= 1)"),
+    extra = [Line2D([], [], color=ORACLE_COLOR, lw=1.2, label="oracle (= 1)"),
              Patch(color=SERIES["certificate"]["color"], alpha=0.18, label="certificate, 95 % interval")]
-    legend_ax.legend(handles=handles + extra, loc="center", fontsize=SMALL, frameon=False)
+    legend_ax.legend(handles=handles + extra, loc="center", fontsize=LEGEND_SIZE, frameon=False)
     for k in range(len(shapes) + 1, nrows * ncols):
         axes[k // ncols][k % ncols].axis("off")
-    return fig
+    return set_sizes(fig)
