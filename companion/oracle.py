@@ -285,10 +285,82 @@ def brute_force_drafter_certificate(q: np.ndarray, spec: str, seed: int = 0) -> 
             return jac
 
         cons = [{"type": "ineq", "fun": entropy_cap, "jac": entropy_cap_jac}, _d_linear(-eye[d], eps)]
-        # near the point mass on d too: with delta >= 1 it is rejected (H = 0, p_d = 1 <= delta)
-        starts = [toward(z, w) for z in others for w in (0.6, 0.9, 0.99)] + [toward(d, 0.999), toward(d, 1 - 1e-9)]
+        starts = [toward(z, w) for z in others for w in (0.6, 0.9, 0.99)] + [toward(d, 0.999)]
         base += [rng.dirichlet(np.ones(v)) for _ in range(3)]
-        branches = [(cons, starts)]
+        # The point mass on d (p_d = 1, H = 0) is rejected iff 1 <= min(eps, delta): with
+        # eps = delta = 1 an isolated point of the region, which a local solver finds or misses
+        # by chance (by machine), so it is counted here explicitly, never left to SLSQP.
+        point = -math.log(q[d]) if eps >= 1 and delta >= 1 else math.inf
+        return min(point, _d_solve(q, cons, base + starts))
     else:
         raise ValueError(spec)
     return min(_d_solve(q, cons, base + extra) for cons, extra in branches)
+
+
+def exhaustive_drafter_typical(q: np.ndarray, eps: float, delta: float, grid: int = 4001) -> np.ndarray:
+    """``min KL(p||q)`` over the targets ``p`` under which ``typical:eps,delta`` rejects ``d = argmax q``,
+    for ``V = 3`` by exhaustive search: a reference for the drafter-side typical certificate.
+
+    ``q``: ``[3]`` or ``[N, 3]``; returns a float64 array of shape ``q.shape[:-1]``.
+    ``p = (s, (1 - s) a, (1 - s)(1 - a))`` (``d`` first). The rejection condition
+    ``s <= min(eps, delta e^-H(p))`` reads ``h2(a) <= c(s) = (log delta - log s - h2(s)) / (1 - s)``
+    in the binary entropy ``h2``: ``a`` lies outside ``(a_c, 1 - a_c)``, ``a_c = h2^-1(c)`` (bisection),
+    and ``KL(p||q)`` is convex in ``a``, so the best ``a`` is ``q``'s own split when allowed, else
+    the better of ``a_c`` and ``1 - a_c``. ``s`` runs over ``grid`` points (even in ``logit s`` over
+    ``[-40, 40]``, plus ``eps`` and the ends ``0`` and ``1``: ``s = 1`` is the point mass on ``d``,
+    rejected iff ``1 <= min(eps, delta)``); the best point is refined by golden-section search
+    over the grid cells either side. Each value is that of a rejected target, so the result is
+    an upper bound of the infimum, converging to it as the grid grows; nothing here uses the
+    Gibbs family or the bounds of the library.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    if q.shape[-1:] != (3,):
+        raise ValueError(f"exhaustive_drafter_typical is for V = 3, got q of shape {q.shape}")
+    flat = q.reshape(-1, 3)
+    srt = -np.sort(-flat, axis=1, kind="stable")
+    qd, q1, q2 = srt[:, :1], srt[:, 1:2], srt[:, 2:3]
+    bar1 = q1 / (q1 + q2)
+
+    def h2(a: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return -np.where(a > 0, a * np.log(a), 0.0) - np.where(a < 1, (1 - a) * np.log1p(-a), 0.0)
+
+    def xlogy_ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(x > 0, x * np.log(x / y), 0.0)
+
+    def kl_split(s: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return xlogy_ratio(s, qd) + xlogy_ratio((1 - s) * a, q1) + xlogy_ratio((1 - s) * (1 - a), q2)
+
+    def value(s: np.ndarray) -> np.ndarray:
+        """Least KL of a rejected target with ``p_d = s`` (``[N, G]``), ``+inf`` where none is rejected."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = (math.log(delta) - np.log(s) - h2(s)) / (1 - s)
+        lo, hi = np.zeros(s.shape), np.full(s.shape, 0.5)
+        for _ in range(64):  # h2 increases on [0, 1/2]; absolute error 2^-65 in a
+            mid = 0.5 * (lo + hi)
+            up = h2(mid) > c
+            hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+        a_c = lo  # the largest a <= 1/2 with h2(a) <= c (the closed set)
+        free = h2(np.broadcast_to(bar1, s.shape)) <= c
+        best = np.where(free, kl_split(s, np.broadcast_to(bar1, s.shape)),
+                        np.minimum(kl_split(s, a_c), kl_split(s, 1 - a_c)))
+        out = np.where((s < 1) & (s <= eps) & (c >= 0), best, np.inf)
+        point = -np.log(np.broadcast_to(qd, s.shape)) if (eps >= 1 and delta >= 1) else np.full(s.shape, np.inf)
+        return np.where(s >= 1, point, out)
+
+    xs = np.linspace(-40.0, 40.0, grid)
+    ss = np.unique(np.concatenate([[0.0, 1.0, min(eps, 1.0)], 1 / (1 + np.exp(-xs))]))
+    vals = value(np.broadcast_to(ss, (flat.shape[0], ss.size)).copy())
+    i = np.argmin(vals, axis=1)
+    best = vals[np.arange(flat.shape[0]), i]
+    a = ss[np.maximum(i - 1, 0)][:, None]
+    b = ss[np.minimum(i + 1, ss.size - 1)][:, None]
+    golden = (math.sqrt(5) - 1) / 2
+    for _ in range(80):
+        c1, c2 = b - golden * (b - a), a + golden * (b - a)
+        f1, f2 = value(c1), value(c2)
+        best = np.minimum(best, np.minimum(f1, f2)[:, 0])
+        left = f1 <= f2
+        b, a = np.where(left, c2, b), np.where(left, a, c1)
+    return best.reshape(q.shape[:-1])
