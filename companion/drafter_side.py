@@ -35,19 +35,24 @@ tokens):
 * ``topk-delta:K,D``: rejected iff rejected by ``topm:K`` or by ``additive:D``: the minimum
   of the two (the first is empty, ``+inf``, when ``K = V``).
 * ``typical:E,D``: rejected iff ``p_d <= min(E, D e^-H(p))``, i.e. iff ``p_d <= E`` *and*
-  ``p_d <= D e^-H(p)`` (an intersection: typical acceptance takes the smaller threshold). The
-  optimal ``p`` puts ``s`` on ``d`` and ``(1-s) r`` on the rest with ``r_i`` proportional to
-  ``qbar_i^beta`` (``qbar`` the drafter without ``d``, renormalised; ``beta >= 1``: the KKT
-  condition off ``d`` is a power transform), and the entropy condition reads
-  ``(1-s)(log(s/(1-s)) + H(r)) <= log D``. For each ``beta`` the best ``s`` is a
-  one-dimensional convex problem (Newton with a bisection safeguard) capped at ``s <= E``;
-  ``beta`` is searched on a grid over ``log(beta - 1)`` (``beta`` from 1 to 1e6), refined by
-  parabolic and golden-section steps, and compared with ``beta = inf`` and with the kink where
-  ``s = E`` meets the entropy condition (found by a root in ``beta``): a global search up to
-  the grid's resolution, checked against SLSQP. With exact ties among the
-  runners-up, ``r`` may also split unevenly between the tied tokens
-  (``KL(r||qbar) = -H(r) - log qbar(1)``), searched the same way. When the entropy condition
-  is slack this is the Bernoulli projection ``KL(E || q(1))``.
+  ``p_d <= D e^-H(p)`` (Medusa accepts iff ``p_d`` is strictly above the smaller threshold).
+  Write ``p = (s, (1-s) r)`` with ``r`` a distribution on the other tokens and ``qbar`` the
+  drafter without ``d``, renormalised: ``KL(p||q) = KL_b(s || q_d) + (1-s) KL(r || qbar)`` and
+  the entropy condition reads ``H(r) <= c(s) = log(D)/(1-s) - logit s``. For a fixed ``s`` the
+  cheapest ``r`` solves ``g(c) = min { KL(r || qbar) : H(r) <= c }``, attained on the power
+  family ``r ~ qbar^beta`` (``beta >= 1``; with ties at ``q(2)``, uneven splits between them
+  below ``H = log t``); ``g`` is convex and non-increasing with slope ``1/beta - 1``. So
+  ``rho~ = inf_s KL_b(s || q_d) + (1-s) g(c(s))``, a one-dimensional problem that is not convex
+  (it can have narrow basins). It is solved by branch and bound over ``logit s`` with lower
+  bounds that hold by construction: tangents of ``g`` at exact points of the power family
+  bound ``g`` from below, and each interval of ``s`` is bounded using the monotonicity of ``g``
+  and the shape of ``KL_b`` (see :func:`_typical_rows`). The value returned is the smallest
+  bound left, never above the infimum; the witness is the best rejected target found, and
+  the two agree to about 1e-12 relative (checked against an exhaustive search on ``V = 3``).
+  With ``E = 1`` and ``D >= 1`` the point mass on ``d`` is rejected too (``p_d = 1`` is not
+  strictly above ``min(1, D e^0) = 1``); at ``D = 1`` it is an isolated point of the rejection
+  region, and it is counted: Medusa's comparison rejects it, and a softmax in float32 rounds a
+  peaked row to exactly 1.
 
 Greedy, top-m and trees are the target side's reverse-divergence formulas with ``q`` in the
 place of ``p``: ``topm:M`` is the reverse greedy-tree certificate of width ``M`` (``M = 1``:
@@ -92,10 +97,9 @@ from companion.criteria import (
     parse_criterion,
 )
 from companion.summary import DEFAULT_TOP, map_rows, normalized_probabilities, summarize
-from companion.validation import check_tree_width
+from companion.validation import check_distribution_tensor, check_tree_width
 
 __all__ = [
-    "TYPICAL_GRID",
     "drafter_certificate",
     "drafter_certificates",
     "drafter_tree_certificate",
@@ -106,15 +110,29 @@ __all__ = [
 _SERIES_CUTOFF = 1e-2
 # Typical acceptance: grid over w = log(beta - 1) with this many points (beta from 1 to 1e6),
 # then Brent-style refinement on the bracket around the best grid point.
-TYPICAL_GRID = 29
 _BETA_MAX = 1e6
-_W_MIN = -30.0
-_REFINE_STEPS = 60
-_REFINE_TOL = 1e-8
+# Newton and interpolation in log beta may go far beyond the table: runners-up within a relative
+# 1e-9 of each other need beta ~ 1e9 and more to split.
+_LOG_BETA_TOP = 690.0
 _ROOT_STEPS = 30
+# Typical acceptance's branch and bound over logit p_d (see _typical_rows): the table of g starts
+# with this many values of beta (1, then 1 + e^w for w evenly spaced up to log 1e6) and gains an
+# exact point in each of the rounds listed; each round splits the _BB_SELECT lowest intervals in
+# _BB_SPLIT and keeps up to _BB_KEEP other candidates. The first grid spans [x_cap - 60, x_cap].
+_TABLE_POINTS = 24
+_X_SPAN = 60.0
+_BB_SELECT = 8
+_BB_SPLIT = 16
+_BB_KEEP = 1024
+_BB_GRID = 256
+_BB_ROUNDS = 9
+_CUT_ROUNDS = (1, 2, 3, 4, 5, 6, 7)
+_CUT_POINTS = 8
+_CUT_NEWTON = 5
 _TOP_COMPETITORS = 1024
 _ELL_FLOOR = -1e4
 _TYPICAL_CHUNK_BYTES = 64 * 2**20
+_TYPICAL_CHUNK_ROWS = 32
 _TAIL_DIRECT = 1e-3
 
 
@@ -233,8 +251,20 @@ def _equal_pool(r: _Rows, mask: Tensor) -> _Pool:
 
 
 def _greedy(r: _Rows) -> _Pool:
+    """``rho~ = -log(1 - (sqrt q(1) - sqrt q(2))^2)`` without cancellation at near ties:
+    ``sqrt q(1) - sqrt q(2) = (q(1) - q(2)) / (sqrt q(1) + sqrt q(2))``, whose difference of two
+    close doubles is exact, so the relative error stays at a few ulps however small the gap;
+    ``-log1p(-gap^2)`` while ``gap^2 <= 1/2``, else ``-log(R + 2 sqrt(q(1) q(2)))`` (peaked ``q``,
+    ``R`` the mass outside the top two)."""
     mask = torch.ones(r.values.shape[0], 2, dtype=torch.bool, device=r.values.device)
-    return _equal_pool(r, mask)
+    pool = _equal_pool(r, mask)
+    q1, q2 = r.values[:, 0], r.values[:, 1]
+    root1, root2 = torch.sqrt(q1), torch.sqrt(q2)
+    gap2 = ((q1 - q2) / (root1 + root2)) ** 2
+    near = gap2 <= 0.5
+    z = torch.where(near, 1 - gap2, r.rest(2) + 2 * root1 * root2)
+    cost = torch.where(near, -torch.log1p(-gap2.clamp(max=0.5)), -torch.log(z))
+    return _Pool(pool.mask, pool.weights, pool.log_level, z, cost.clamp(min=0.0))
 
 
 def _topm(r: _Rows, m: int) -> _Pool:
@@ -453,144 +483,345 @@ class _Competitors:
         log_s0 = torch.log(s0)
         return (log_s0 - beta * mean).clamp(min=0.0), ((beta - 1) * mean - log_s0 - m).clamp(min=0.0), var
 
-    def beta_for_entropy(self, target: Tensor, m: Tensor, active: Tensor) -> Tensor:
-        """``u = log beta`` with ``H(r_beta) = target`` (rows in ``active``; ``H`` falls with ``beta``,
-        ``dH/du = -beta^2 Var_r(ell)``), in ``[0, 40]``."""
-
-        def fn(u: Tensor) -> tuple[Tensor, Tensor]:
-            beta = torch.exp(u)
-            h, _, var = self._moments(beta, m, True)
-            return target - h, (beta * beta * var).clamp(min=1e-300)
-
-        lo, hi = torch.zeros_like(target), torch.full_like(target, 40.0)
-        return _root(fn, lo, hi, torch.ones_like(target), active=active)
-
-
-def _minimise(fn: Callable[[Tensor], Tensor], a: Tensor, b: Tensor, c: Tensor,
-              fa: Tensor, fb: Tensor, fc: Tensor, steps: int) -> tuple[Tensor, Tensor]:
-    """Minimise ``fn`` (elementwise over rows) from a bracket ``a <= b <= c`` with ``f(b)`` the
-    smallest, in the manner of Brent: a parabola through the three points when it lands inside
-    the bracket and moves less than half the step before last, a golden-section step into the
-    larger side otherwise. Stops once every row's last step is below ``_REFINE_TOL``, or its
-    bracket is narrow and its value has not improved (beyond rounding) in three steps.
-    Returns ``(b, f(b))``."""
-    golden = (3 - math.sqrt(5)) / 2
-    before_last = c - a
-    last = c - a
-    history = [fb]
-    for _ in range(steps):
-        wide_right = (c - b) >= (b - a)
-        g = torch.where(wide_right, b + golden * (c - b), b - golden * (b - a))
-        num = (b - a) ** 2 * (fb - fc) - (b - c) ** 2 * (fb - fa)
-        den = (b - a) * (fb - fc) - (b - c) * (fb - fa)
-        u = b - 0.5 * num / den
-        tol = 1e-12 * (1 + b.abs())
-        ok = (u > a + tol) & (u < c - tol) & ((u - b).abs() < 0.5 * before_last)
-        u = torch.where(ok, u, g)
-        before_last, last = last, (u - b).abs()
-        fu = fn(u)
-        fu = torch.where(torch.isnan(fu), torch.full_like(fu, torch.inf), fu)
-        better = fu < fb
-        right = u > b
-        a, fa = (torch.where(better & right, b, torch.where(~better & ~right, u, a)),
-                 torch.where(better & right, fb, torch.where(~better & ~right, fu, fa)))
-        c, fc = (torch.where(better & ~right, b, torch.where(~better & right, u, c)),
-                 torch.where(better & ~right, fb, torch.where(~better & right, fu, fc)))
-        b, fb = torch.where(better, u, b), torch.where(better, fu, fb)
-        history.append(fb)
-        # Converged: the step is tiny, or the bracket is narrow and three steps gained nothing
-        # above rounding.
-        narrow = (c - a) <= 1e-5 * (1 + b.abs())
-        stalled = narrow & (history[-4] - fb <= 1e-12 * (1 + fb.abs())) if len(history) > 3 else torch.zeros_like(better)
-        if bool(((last <= _REFINE_TOL * (1 + b.abs())) | ((c - a) <= _REFINE_TOL * (1 + b.abs())) | stalled).all()):
-            break
-    return b, fb
-
-
-def _bracket(grid: Tensor, vals: Tensor) -> tuple[Tensor, ...]:
-    """Bracket ``(a, b, c, fa, fb, fc)`` around each row's best grid point (``grid``: ``[n, J]``)."""
-    j = vals.argmin(1, keepdim=True)
-    jl, jr = (j - 1).clamp(min=0), (j + 1).clamp(max=vals.shape[1] - 1)
-    pick = lambda t, i: t.gather(1, i).squeeze(1)
-    return (pick(grid, jl), pick(grid, j), pick(grid, jr), pick(vals, jl), pick(vals, j), pick(vals, jr))
 
 
 @dataclass(frozen=True)
 class _TypicalB:
-    cost: Tensor  # [N]
-    x: Tensor  # logit of p_d
+    cost: Tensor  # [N] the certified lower bound (the value returned)
+    x: Tensor  # logit of p_d at the witness
     beta: Tensor  # inf for the tie family and the beta = inf end
-    eta: Tensor  # entropy of r
+    eta: Tensor  # entropy of r at the witness
     ties: Tensor  # number of runners-up tied at q(2)
+    gap: Tensor  # KL of the witness minus ``cost`` (>= 0 up to rounding): how tight the bound is
 
 
-def _typical_rows(comp: _Competitors, log_qd: Tensor, log_rd: Tensor, m: Tensor, log_delta: float,
+class _EntropyTable:
+    """Points ``(H_j, K_j)`` of ``g(c) = min { KL(r || qbar) : H(r) <= c }`` with the slopes ``b_j = 1/beta_j - 1``.
+
+    ``g`` is convex and non-increasing (the Gibbs family ``r ~ qbar^beta``, ``beta >= 1``, attains
+    it, with ``dg/dc = 1/beta - 1``), so every tangent is a lower bound and every chord an upper
+    bound. Always present: ``beta = 1`` (``(H(qbar), 0)``, slope 0) and ``beta = inf``
+    (``(log t, -log t - m)``, slope -1; below ``log t``, ``g(c) = -c - m`` exactly).
+    """
+
+    def __init__(self, comp: _Competitors, m: Tensor, log_t: Tensor, betas: Tensor) -> None:
+        self.comp, self.m, self.log_t = comp, m, log_t
+        n = m.shape[0]
+        self.h, self.k = log_t.unsqueeze(1), (-log_t - m).unsqueeze(1)
+        self.b = torch.full_like(self.h, -1.0)
+        self.log_beta = torch.full_like(self.h, torch.inf)
+        self._append(betas.to(m).expand(n, -1), torch.ones(n, dtype=torch.bool, device=m.device))
+        self.h_top = self.h[:, -1]  # H(qbar), at beta = 1 (the first of betas)
+
+    def _append(self, beta: Tensor, active: Tensor) -> None:
+        """Exact points at ``beta`` (``[n, P]``, ``>= 1``); inactive rows get copies of ``beta = 1``."""
+        beta = torch.where(active.unsqueeze(1), beta.clamp(min=1.0), torch.ones_like(beta))
+        cols = [self.comp.moments(beta[:, j].contiguous(), self.m) for j in range(beta.shape[1])]
+        h, k = torch.stack([c[0] for c in cols], 1), torch.stack([c[1] for c in cols], 1)
+        k = torch.where(beta > 1, k, torch.zeros_like(k))
+        self.h, self.k = torch.cat([self.h, h], 1), torch.cat([self.k, k], 1)
+        self.b = torch.cat([self.b, 1 / beta - 1], 1)
+        self.log_beta = torch.cat([self.log_beta, torch.log(beta)], 1)
+        # Sorted by entropy; among equal entropies (H underflows to 0 for large beta) the larger
+        # beta first, so that the point next to a higher entropy is the smallest such beta and
+        # brackets for Newton stay tight.
+        by_beta = self.log_beta.argsort(dim=1, descending=True, stable=True)
+        order = by_beta.gather(1, self.h.gather(1, by_beta).argsort(dim=1, stable=True))
+        self.h, self.k = self.h.gather(1, order), self.k.gather(1, order)
+        self.b, self.log_beta = self.b.gather(1, order), self.log_beta.gather(1, order)
+
+    def log_beta_at(self, c: Tensor, newton: int = 0) -> Tensor:
+        """``u = log beta`` with ``H(r_beta) = c`` (``[n]``): interpolated between the finite points that
+        bracket ``c`` (no pass over the vocabulary), then ``newton`` safeguarded Newton steps inside
+        that bracket (one pass each; ``dH/du = -beta^2 Var(ell)``)."""
+        finite = torch.isfinite(self.log_beta)
+        h = torch.where(finite, self.h, torch.full_like(self.h, -torch.inf))
+        lb = torch.where(finite, self.log_beta, torch.zeros_like(self.log_beta))
+        t = h.shape[1]
+        i = torch.searchsorted(h.contiguous(), c.unsqueeze(1).contiguous()).clamp(1, t - 1)
+        h0, h1, l0, l1 = h.gather(1, i - 1), h.gather(1, i), lb.gather(1, i - 1), lb.gather(1, i)
+        top = _LOG_BETA_TOP
+        inside = torch.isfinite(h0) & (h1 > h0)
+        w = ((c.unsqueeze(1) - h0) / (h1 - h0)).clamp(0.0, 1.0)
+        u0 = torch.where(inside, l0 + w * (l1 - l0), l1 + 1.0).squeeze(1).clamp(0.0, top)
+        if newton == 0:
+            return u0
+        # H falls as u grows: the point below c (h0, larger beta) bounds u from above.
+        lo = l1.squeeze(1).clamp(0.0, top)
+        hi = torch.where(inside, l0, torch.full_like(l0, top)).squeeze(1).clamp(0.0, top)
+
+        def fn(u: Tensor) -> tuple[Tensor, Tensor]:
+            beta = torch.exp(u)
+            h_u, _, var = self.comp._moments(beta, self.m, True)
+            return c - h_u, (beta * beta * var).clamp(min=1e-300)
+
+        return _root(fn, torch.minimum(lo, hi), torch.maximum(lo, hi), u0, steps=newton)
+
+    def add_range(self, c_lo: Tensor, c_hi: Tensor, active: Tensor) -> None:
+        """Add ``_CUT_POINTS`` exact points with entropies spread over ``[c_lo, c_hi]`` (``[n]``): ``log beta``
+        evenly spaced between the ends' (found by Newton). A tangent is exact only where it
+        touches; points spread over the range where the minimum may lie make the lower model
+        tight there, and the range shrinks from round to round."""
+        ends = [self.log_beta_at(torch.where(active, c, self.h_top), newton=_CUT_NEWTON) for c in (c_lo, c_hi)]
+        frac = torch.linspace(0.0, 1.0, _CUT_POINTS, dtype=c_lo.dtype, device=c_lo.device)
+        u = ends[0].unsqueeze(1) + (ends[1] - ends[0]).unsqueeze(1) * frac
+        self._append(torch.exp(u), active)
+
+    def add_point(self, log_beta: Tensor, active: Tensor) -> None:
+        """Add the exact point at ``beta = e^log_beta`` (``[n]``) for rows in ``active``."""
+        if bool(active.any()):
+            self._append(torch.exp(log_beta).unsqueeze(1), active)
+
+    def around(self, c: Tensor) -> Tensor:
+        """Columns of the two points bracketing each ``c`` (``[n, J]`` -> ``[n, J, 2]``)."""
+        t = self.h.shape[1]
+        i = torch.searchsorted(self.h.contiguous(), c.contiguous()).clamp(1, t - 1)
+        return torch.stack([i - 1, i], 2)
+
+    def lower(self, c: Tensor) -> Tensor:
+        """``max(0, tangents)`` at ``c`` (``[n, J]``): a lower bound of ``g``; ``+inf`` where ``c < 0``.
+        Only the tangents at the two points bracketing ``c`` are taken: on a convex function they
+        are the highest there."""
+        cols = self.around(c)
+        take = lambda t: t.unsqueeze(1).expand(-1, c.shape[1], -1).gather(2, cols)
+        out = (take(self.k) + take(self.b) * (c.unsqueeze(2) - take(self.h))).amax(2).clamp(min=0.0)
+        return torch.where(c < 0, torch.inf, out)
+
+    def upper(self, c: Tensor) -> Tensor:
+        """Chords between the points at ``c``: an upper bound of ``g``; exact below ``log t``."""
+        t = self.h.shape[1]
+        i = torch.searchsorted(self.h.contiguous(), c.contiguous()).clamp(1, t - 1)
+        h0, h1 = self.h.gather(1, i - 1), self.h.gather(1, i)
+        k0, k1 = self.k.gather(1, i - 1), self.k.gather(1, i)
+        w = ((c - h0) / (h1 - h0)).clamp(0.0, 1.0)
+        chord = torch.where(h1 > h0, k0 + w * (k1 - k0), torch.maximum(k0, k1))
+        out = torch.where(c >= self.h[:, -1:], torch.zeros_like(c), chord)
+        out = torch.where(c <= self.log_t.unsqueeze(1), -c - self.m.unsqueeze(1), out)
+        return torch.where(c < 0, torch.inf, out)
+
+
+def _entropy_room(lo: Tensor, hi: Tensor, log_delta: float) -> Tensor:
+    """An upper bound, over ``x`` in ``[lo, hi]``, of ``c(x) = log(delta) (1 + e^x) - x``: the largest
+    entropy ``r`` may have when ``logit p_d = x`` (the entropy condition divided by ``1 - s``)."""
+    if log_delta > 0:
+        return log_delta * (1 + torch.exp(hi)) - lo
+    if log_delta < 0:
+        return log_delta * (1 + torch.exp(lo)) - lo
+    return -lo
+
+
+def _tangent_bound(table: _EntropyTable, lo: Tensor, hi: Tensor, lq: Tensor, lr: Tensor, log_delta: float) -> Tensor:
+    """A second-order lower bound of ``F`` on each interval ``x`` in ``[lo, hi]``: ``max_j min_I P_j``.
+
+    With the tangent ``g(c) >= K_j + b_j (c - H_j)`` and ``(1 - s) c(x) = log delta - (1 - s) logit s``,
+    ``F(s) >= P_j(s) = KL_b(s || q_d) + (1 - s) A_j + b_j log delta - b_j (1 - s) logit s``,
+    ``A_j = K_j - b_j H_j``. ``P_j'' = (1 - |b_j|)/(s(1 - s)) - |b_j|/s^2``: concave below ``s = |b_j|``
+    (minimum at an end) and convex above (minimum at least the meeting point of the end tangents).
+    Unlike the first bound, which takes ``KL_b`` and the entropy term at their best ends
+    separately, this one is tight to second order where ``F`` is flat, so few intervals survive
+    near the minimum.
+    """
+    logit_qd = lq - lr
+
+    def at(x: Tensor, lq_: Tensor, lr_: Tensor, lqd: Tensor) -> tuple[Tensor, ...]:
+        """What ``P_j`` and ``P_j'`` need at ``s = sigmoid(x)``: ``P_j = kl + (1 - s) a_j + b_j w`` and
+        ``P_j' = d0 - a_j + b_j d1``, with ``w = log delta - (1 - s) x``."""
+        s = torch.sigmoid(x)
+        return s, _bern_kl_logit(x, lq_, lr_), torch.sigmoid(-x), log_delta - torch.sigmoid(-x) * x, x - lqd, x - 1 / s
+
+    # For each interval, the tangents at the table points bracketing c(x) at its ends and middle
+    # (for a convex g, the tangents at the neighbours of c dominate every other at c); a subset
+    # of tangents still gives a lower bound, and this one is tight once the interval is small.
+    cols = torch.cat([table.around(_entropy_room(x, x, log_delta)) for x in (lo, 0.5 * (lo + hi), hi)], 2)
+    take = lambda t: t.unsqueeze(1).expand(-1, lo.shape[1], -1).gather(2, cols)
+    b, h, k = take(table.b), take(table.h), take(table.k)
+    a = k - b * h
+    lq_, lr_, lqd = lq.unsqueeze(2), lr.unsqueeze(2), logit_qd.unsqueeze(2)
+    ea = [t.unsqueeze(2) for t in at(lo, lq, lr, logit_qd)]
+    eb = [t.unsqueeze(2) for t in at(hi, lq, lr, logit_qd)]
+    # At the kinks s = |b_j| (x = -inf when b = 0): once per table point, then gathered.
+    ek = [take(t) for t in at(torch.logit(-table.b), lq, lr, logit_qd)]
+    value = lambda e: e[1] + e[2] * a + b * e[3]
+    slope = lambda e: e[4] - a + b * e[5]
+    sa, sb, kappa = ea[0], eb[0], ek[0]
+    va, vb, vk = value(ea), value(eb), torch.where(b < 0, value(ek), torch.inf)
+    # Concave part [s_a, min(s_b, kappa)]: the smaller end value.
+    concave = torch.where(kappa > sa, torch.minimum(va, torch.where(sb <= kappa, vb, vk)), torch.inf)
+    # Convex part [u, s_b], u = max(s_a, kappa): an end, or above the end tangents' meeting point.
+    u_is_a, u_is_k = sa >= kappa, kappa <= sb
+    u = torch.where(u_is_a, sa, torch.where(u_is_k, kappa, sb))
+    pu = torch.where(u_is_a, va, torch.where(u_is_k, vk, vb))
+    du = torch.where(u_is_a, slope(ea), torch.where(u_is_k, slope(ek), slope(eb)))
+    pv, dv = vb, slope(eb)
+    meet = (pv - pu + du * u - dv * sb) / (du - dv)
+    inner = pu + du * (torch.minimum(torch.maximum(meet, u), sb) - u)
+    convex = torch.where(du >= 0, pu, torch.where(dv <= 0, pv, torch.minimum(inner, torch.minimum(pu, pv))))
+    piece = torch.minimum(concave, convex)
+    out = torch.where(torch.isnan(piece), -torch.inf, piece).amax(2)
+    return out
+
+
+def _typical_rows(comp: _Competitors, log_qd: Tensor, log_q2: Tensor, log_delta: float,
                   x_cap: float) -> _TypicalB:
-    """Typical acceptance's certificate for the rows of ``comp`` (see the module doc)."""
+    """Typical acceptance's certificate for the rows of ``comp``, by branch and bound over ``x = logit p_d``.
+
+    ``rho~ = inf_x F(x)``, ``F(x) = KL_b(s || q_d) + (1 - s) g(c(x))`` (``s = sigmoid(x) <= eps``). On an
+    interval ``[lo, hi]``, ``F >= min KL_b + (1 - s(hi)) g_lower(c_max)``: ``KL_b`` is convex in ``s``
+    (its minimum on the interval is at ``q_d`` clamped into it), ``g`` is non-increasing and
+    non-negative, and ``c_max`` bounds ``c`` over the interval (:func:`_entropy_room`). Intervals whose
+    bound exceeds a feasible value (chord upper bounds at midpoints) are dropped; the
+    ``_BB_SELECT`` lowest are split into ``_BB_SPLIT`` each, the other candidates are kept (up to
+    ``_BB_KEEP``; beyond that their bounds enter the result directly). Between rounds the table
+    of ``g`` gains the exact point at the best midpoint's ``c`` (a cutting plane). The value returned
+    is the smallest lower bound left, so it is never above the infimum (up to rounding), whatever
+    the shape of ``F``; its distance to the witness's KL is reported as ``gap``.
+    """
     n = log_qd.shape[0]
     dev = log_qd.device
-    # Grid over w = log(beta - 1) (the scale on which the objective varies, from beta = 1 + 1e-13
-    # to 1e6): one moment pass per point, one solve for all of them.
-    us = torch.cat([torch.tensor([_W_MIN], dtype=torch.float64, device=dev),
-                    torch.linspace(-16.0, math.log(_BETA_MAX), TYPICAL_GRID - 1, dtype=torch.float64, device=dev)])
-    mom = [comp.moments(1 + torch.exp(u).expand(n), m) for u in us]
-    etas = torch.stack([e for e, _ in mom], 1)
-    kls = torch.stack([k for _, k in mom], 1)
-    vals, _ = _best_s(log_qd.unsqueeze(1), log_rd.unsqueeze(1), etas, kls, log_delta, x_cap)
-
-    def at_u(u: Tensor) -> Tensor:
-        eta, kl = comp.moments(1 + torch.exp(u), m)
-        return _best_s(log_qd, log_rd, eta, kl, log_delta, x_cap)[0]
-
+    # qbar normalised by the competitors' own total S (m = log max qbar), and the same S in
+    # KL_b: KL(r || qbar) is then exactly 0 at beta = 1, every point of the table lies on one
+    # and the same g, and F is KL(p || q) for the q the witness is measured against. (1 - q_d
+    # summed elsewhere differs from S by ~1e-8 on float32 rows: a constant offset of the table
+    # that would let lower bounds pass upper bounds.)
+    m = -torch.logsumexp(comp.full, 1)
+    log_rd = log_q2 - m
     log_t = torch.log(comp.ties.to(torch.float64))
-    a, b, c, fa, fb, fc = _bracket(us.expand(n, -1), vals)
-    cost = torch.full_like(log_qd, torch.inf)
-    x, beta, eta = torch.full_like(cost, torch.nan), torch.full_like(cost, torch.nan), torch.full_like(cost, torch.nan)
+    betas = torch.cat([torch.ones(1, dtype=torch.float64),
+                       1 + torch.exp(torch.linspace(-9.0, math.log(_BETA_MAX), _TABLE_POINTS - 1, dtype=torch.float64))])
+    table = _EntropyTable(comp, m, log_t, betas)
+    lq, lr = log_qd.unsqueeze(1), log_rd.unsqueeze(1)
+    x_free = lq - lr  # logit q_d: where KL_b is smallest
+    x_hi = x_cap if math.isfinite(x_cap) else _X_SPAN
+    x_lo = min(-_X_SPAN, x_hi - _X_SPAN)
 
-    def keep(v: Tensor, xx: Tensor, bb: Tensor, ee: Tensor, where: Tensor) -> None:
-        nonlocal cost, x, beta, eta
-        better = where & (v < cost)
-        cost, x = torch.where(better, v, cost), torch.where(better, xx, x)
-        beta, eta = torch.where(better, bb, beta), torch.where(better, ee, eta)
+    def bound(lo: Tensor, hi: Tensor) -> Tensor:
+        kl = _bern_kl_logit(torch.minimum(torch.maximum(x_free, lo), hi), lq, lr)
+        g = table.lower(_entropy_room(lo, hi, log_delta))
+        out = kl + torch.where(torch.isinf(g), torch.inf, torch.sigmoid(-hi) * g)
+        out = torch.maximum(out, torch.where(torch.isinf(out), out, _tangent_bound(table, lo, hi, lq, lr, log_delta)))
+        return torch.where(torch.isnan(out), torch.inf, out)  # NaN marks a dropped interval
 
-    # The objective has a kink (no derivative there, so refinement would crawl to it) where
-    # s = eps meets the entropy condition: (1 - eps)(logit eps + H(r)) = log delta. Solve for
-    # that H directly; rows whose best grid bracket holds a kink no worse than the grid need no
-    # further refinement.
-    eta_eps = None
-    if math.isfinite(x_cap):
-        eta_eps = log_delta / (1 / (1 + math.exp(x_cap))) - x_cap
-        inside = (eta_eps < etas[:, 0]) & (eta_eps > log_t)
-        if bool(inside.any()):
-            u_k = comp.beta_for_entropy(torch.full_like(log_t, eta_eps), m, inside)
-            eta_k, kl_k = comp.moments(torch.exp(u_k), m)
-            v, xx = _best_s(log_qd, log_rd, eta_k, kl_k, log_delta, x_cap)
-            keep(v, xx, torch.exp(u_k), eta_k, inside)
-            u_k = torch.log(torch.expm1(u_k).clamp(min=math.exp(_W_MIN)))  # to w = log(beta - 1)
-            done = inside & (v <= fb) & (u_k >= a) & (u_k <= c)
-            a, b, c = torch.where(done, u_k, a), torch.where(done, u_k, b), torch.where(done, u_k, c)
-            fb = torch.where(done, v, fb)
-    u_best, _ = _minimise(at_u, a, b, c, fa, fb, fc, steps=_REFINE_STEPS)
-    eta_g, kl_g = comp.moments(1 + torch.exp(u_best), m)
-    v, xx = _best_s(log_qd, log_rd, eta_g, kl_g, log_delta, x_cap)
-    keep(v, xx, 1 + torch.exp(u_best), eta_g, torch.ones_like(log_t, dtype=torch.bool))
-    # beta = inf: r uniform on the t runners-up tied at q(2). With t >= 2, r may also split
-    # unevenly among them: entropy e in [0, log t] at KL(r || qbar) = -e - m.
-    tie_kl = lambda e: (-e - m.unsqueeze(-1) if e.dim() > 1 else -e - m).clamp(min=0.0)
-    cands = [log_t]
-    if eta_eps is not None:
-        cands.append(torch.clamp(torch.full_like(log_t, eta_eps), min=0.0).minimum(log_t))
-    if bool((comp.ties > 1).any()):
-        grid = torch.linspace(0.0, 1.0, TYPICAL_GRID, dtype=torch.float64, device=dev).unsqueeze(0) * log_t.unsqueeze(1)
-        tv, _ = _best_s(log_qd.unsqueeze(1), log_rd.unsqueeze(1), grid, tie_kl(grid), log_delta, x_cap)
-        e_best, _ = _minimise(lambda e: _best_s(log_qd, log_rd, e, tie_kl(e), log_delta, x_cap)[0],
-                              *_bracket(grid, tv), steps=_REFINE_STEPS)
-        cands.append(e_best)
-    every = torch.ones_like(log_t, dtype=torch.bool)
-    for e in cands:
-        v, xx = _best_s(log_qd, log_rd, e, tie_kl(e), log_delta, x_cap)
-        keep(v, xx, torch.full_like(beta, torch.inf), e, every)
-    return _TypicalB(cost, x, beta, eta, comp.ties)
+    def feasible(x: Tensor) -> Tensor:
+        g = table.upper(_entropy_room(x, x, log_delta))
+        out = _bern_kl_logit(x, lq, lr) + torch.where(torch.isinf(g), torch.inf, torch.sigmoid(-x) * g)
+        return torch.where(torch.isnan(out), torch.inf, out)
+
+    # The tails, bounded once: s -> 0 (the entropy condition is slack there, g = 0) and, with eps = 1,
+    # s -> 1 (slack when delta > 1; impossible when delta <= 1).
+    lo_tail = torch.tensor([[-math.inf]], dtype=torch.float64, device=dev).expand(n, 1)
+    floor = bound(lo_tail, torch.full_like(lo_tail, x_lo)).squeeze(1)
+    if not math.isfinite(x_cap):
+        hi_tail = torch.full((n, 1), math.inf, dtype=torch.float64, device=dev)
+        floor = torch.minimum(floor, bound(torch.full_like(hi_tail, x_hi), hi_tail).squeeze(1))
+    edges = torch.linspace(x_lo, x_hi, _BB_GRID + 1, dtype=torch.float64, device=dev)
+    lo, hi = edges[:-1].expand(n, -1).clone(), edges[1:].expand(n, -1).clone()
+    best_ub = torch.full_like(log_qd, torch.inf)
+    best_x = torch.full_like(log_qd, x_lo)
+    def at_level(c: Tensor, u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The best target whose ``r`` has entropy ``c`` (Gibbs at ``beta = e^u``; the tie family below
+        ``log t``; ``qbar`` itself above ``H(qbar)``), with ``p_d`` chosen by :func:`_best_s`:
+        ``(KL, logit p_d, beta, H(r))``, a feasible point of the rejection region."""
+        gibbs = (c > log_t) & (c < table.h_top)
+        beta = torch.where(gibbs, torch.exp(u), torch.ones_like(c))
+        beta = torch.where(c <= log_t, torch.inf, beta)
+        eta_g, kl_g = comp.moments(torch.where(torch.isfinite(beta), beta, torch.ones_like(beta)), m)
+        eta_t = c.clamp(min=0.0).minimum(log_t)
+        eta = torch.where(torch.isfinite(beta), torch.where(gibbs, eta_g, table.h_top), eta_t)
+        kl_r = torch.where(torch.isfinite(beta), torch.where(gibbs, kl_g, torch.zeros_like(kl_g)),
+                           (-eta_t - m).clamp(min=0.0))
+        v, x = _best_s(log_qd, log_rd, eta, kl_r, log_delta, x_cap)
+        v = torch.where(c < 0, torch.inf, v)
+        return v, x, beta, eta
+
+    best = (torch.full_like(log_qd, torch.inf),) + tuple(torch.full_like(log_qd, torch.nan) for _ in range(3))
+    rows = torch.arange(n, device=dev)
+    frac = torch.linspace(0.0, 1.0, _BB_SPLIT + 1, dtype=torch.float64, device=dev)
+    for rnd in range(_BB_ROUNDS):
+        mid = 0.5 * (lo + hi)
+        ub = feasible(mid)
+        j = ub.argmin(1)
+        better = ub[rows, j] < best_ub
+        best_ub = torch.where(better, ub[rows, j], best_ub)
+        best_x = torch.where(better, mid[rows, j], best_x)
+        lb = bound(lo, hi)
+        if rnd in _CUT_ROUNDS:
+            # Cutting planes: exact points of g over the entropy levels of the intervals that may
+            # hold the minimum; then, at the lowest bound and at the best midpoint, the exact best
+            # target for that level: a feasible value (the upper bound) and the witness candidate.
+            cand = torch.isfinite(lb) & (lb <= best_ub.unsqueeze(1))
+            ends = torch.cat([_entropy_room(lo, lo, log_delta), _entropy_room(hi, hi, log_delta)], 1)
+            cands = torch.cat([cand, cand], 1)
+            c_lo = torch.where(cands, ends, torch.inf).amin(1).clamp(min=0.0).maximum(log_t)
+            c_hi = torch.where(cands, ends, -torch.inf).amax(1).minimum(table.h_top)
+            active = cand.any(1) & (c_hi > c_lo)
+            if bool(active.any()):
+                table.add_range(c_lo, c_hi, active)
+            i = lb.argmin(1)
+            for x_cut in (0.5 * (lo[rows, i] + hi[rows, i]), best_x):
+                c_star = _entropy_room(x_cut, x_cut, log_delta)
+                u = table.log_beta_at(c_star.clamp(min=0.0), newton=_CUT_NEWTON)
+                found = at_level(c_star, u)
+                better = found[0] < best[0]
+                best = tuple(torch.where(better, new, old) for new, old in zip(found, best))
+                # Kelley's cut: the exact point there joins the table.
+                table.add_point(u, (c_star > log_t) & (c_star < table.h_top))
+            best_ub = torch.minimum(torch.minimum(best_ub, best[0]), feasible(best_x.unsqueeze(1)).squeeze(1))
+            lb = bound(lo, hi)
+        # Beyond a feasible value (with room for rounding) an interval cannot hold the infimum.
+        slack = (best_ub + 1e-13 + 1e-12 * best_ub.abs()).unsqueeze(1)
+        lb = torch.where(lb <= slack, lb, torch.inf)
+        # A row whose lowest bound is within rounding of its best feasible value is finished:
+        # its bound is final and its intervals are dropped.
+        low = lb.amin(1)
+        done = (low >= slack.squeeze(1) - 2e-13 - 2e-12 * best_ub.abs()) | torch.isinf(low)
+        floor = torch.where(done, torch.minimum(floor, low), floor)
+        lb = torch.where(done.unsqueeze(1), torch.inf, lb)
+        order = lb.argsort(1)
+        lb_sorted = lb.gather(1, order)
+        if rnd == _BB_ROUNDS - 1 or bool(done.all()):
+            floor = torch.minimum(floor, lb_sorted[:, 0])
+            break
+        # Keep the other candidates, as many as the row with most of them has (up to _BB_KEEP).
+        keep = int(torch.isfinite(lb_sorted[:, _BB_SELECT:_BB_SELECT + _BB_KEEP]).sum(1).max()) if lb.shape[1] > _BB_SELECT else 0
+        floor = torch.minimum(floor, lb_sorted[:, _BB_SELECT + keep:].amin(1)) if lb.shape[1] > _BB_SELECT + keep else floor
+        sel, kept = order[:, :_BB_SELECT], order[:, _BB_SELECT:_BB_SELECT + keep]
+        a, b = lo.gather(1, sel), hi.gather(1, sel)
+        pts = a.unsqueeze(2) + (b - a).unsqueeze(2) * frac
+        # Dropped intervals (bound +inf) become NaN: their bound stays +inf and they are never split.
+        dead = torch.isinf(lb_sorted[:, :_BB_SELECT]).unsqueeze(2)
+        pts = torch.where(dead, torch.nan, pts)
+        k_dead = torch.isinf(lb_sorted[:, _BB_SELECT:_BB_SELECT + keep])
+        k_lo = torch.where(k_dead, torch.nan, lo.gather(1, kept))
+        k_hi = torch.where(k_dead, torch.nan, hi.gather(1, kept))
+        lo = torch.cat([pts[..., :-1].reshape(n, -1), k_lo], 1)
+        hi = torch.cat([pts[..., 1:].reshape(n, -1), k_hi], 1)
+    cost = floor.clamp(min=0.0)
+    # The witness: the best exact candidate found, or the exact target at the best midpoint
+    # (where the chords put the least feasible value), whichever is cheaper.
+    c_star = _entropy_room(best_x, best_x, log_delta)
+    found = at_level(c_star, table.log_beta_at(c_star.clamp(min=0.0), newton=_CUT_NEWTON))
+    better = found[0] < best[0]
+    v, x, beta, eta = (torch.where(better, new, old) for new, old in zip(found, best))
+    # The point mass on d is rejected when eps >= 1 and delta >= 1 (p_d = 1 <= min(eps, delta e^0)):
+    # with delta = 1 an isolated point of the rejection region, counted since Medusa's strict
+    # comparison rejects it (and softmax rounds peaked rows to exactly 1).
+    if not math.isfinite(x_cap) and log_delta >= 0:
+        point = -log_qd
+        use = point <= v
+        v, x = torch.where(use, point, v), torch.where(use, torch.inf, x)
+        cost = torch.minimum(cost, point)
+        beta, eta = torch.where(use, 1.0, beta), torch.where(use, 0.0, eta)
+    # No bound may exceed the KL of a target known to be rejected (only rounding could make it so).
+    cost = torch.minimum(cost, v).clamp(min=0.0)
+    # q itself rejected (q_d <= eps and log q_d + H(q) <= log delta): exactly 0, witness q.
+    x_q = log_qd - log_rd
+    h_q = _bern_kl_logit(x_q, torch.zeros_like(x_q), torch.zeros_like(x_q)).neg() + torch.sigmoid(-x_q) * table.h_top
+    own = (x_q <= x_cap) & (log_qd + h_q <= log_delta)
+    cost, v, x = torch.where(own, 0.0, cost), torch.where(own, 0.0, v), torch.where(own, x_q, x)
+    beta, eta = torch.where(own, 1.0, beta), torch.where(own, table.h_top, eta)
+    infeasible = torch.isinf(cost)
+    x = torch.where(infeasible, torch.nan, x)
+    return _TypicalB(cost, x, beta, eta, comp.ties, (v - cost).clamp(min=0.0))
 
 
 def _typical(r: _Rows, crit: Typical) -> tuple[Tensor, _TypicalB]:
@@ -600,24 +831,25 @@ def _typical(r: _Rows, crit: Typical) -> tuple[Tensor, _TypicalB]:
     rd = r.rest(1)  # 1 - q(1), summed on its own scale
     eps, delta = crit.eps, crit.delta
     n = qd.shape[0]
-    log_qd, log_rd = torch.log(qd), torch.log(rd)
+    log_qd = torch.log(qd)
     x_cap = math.log(eps) - math.log1p(-eps) if eps < 1 else math.inf
     # A point mass on d: only p = q itself (p_d = 1, H = 0), rejected iff eps = 1 <= delta.
     point = rd <= 0
     nan = torch.full_like(qd, torch.nan)
     state = _TypicalB(torch.where(point & (eps >= 1) & (delta >= 1), 0.0, torch.inf).to(qd), nan, nan, nan,
-                      torch.zeros_like(qd, dtype=torch.long))
+                      torch.zeros_like(qd, dtype=torch.long), torch.zeros_like(qd))
     idx = torch.nonzero(~point).squeeze(1)
     if idx.numel():
-        per = max(1, _TYPICAL_CHUNK_BYTES // max(1, 8 * r.vocab))
-        m_all = torch.log(r.values[:, 1]) - log_rd
+        # Rows in chunks: memory for the full-vocabulary passes, and a branch and bound whose
+        # interval lists are as long as the chunk's hardest row needs.
+        per = max(1, min(_TYPICAL_CHUNK_ROWS, _TYPICAL_CHUNK_BYTES // max(1, 8 * r.vocab)))
         parts = []
         for start in range(0, idx.numel(), per):
             sel = idx[start:start + per]
-            parts.append(_typical_rows(_Competitors(r, sel), log_qd[sel], log_rd[sel], m_all[sel],
+            parts.append(_typical_rows(_Competitors(r, sel), log_qd[sel], torch.log(r.values[sel, 1]),
                                        math.log(delta), x_cap))
         fields = {}
-        for name in ("cost", "x", "beta", "eta", "ties"):
+        for name in ("cost", "x", "beta", "eta", "ties", "gap"):
             part = torch.cat([getattr(p, name) for p in parts])
             fields[name] = getattr(state, name).index_copy(0, idx, part.to(getattr(state, name).dtype))
         state = _TypicalB(**fields)
@@ -685,6 +917,7 @@ def drafter_certificates(
     ``D >= 1``). ``q``: probabilities ``[..., V]`` or logits (``from_logits=True``). Criterion
     specs may also be ``"tree:M"``.
     """
+    check_distribution_tensor(q, "q")
     if isinstance(criteria, (str, Criterion)):
         criteria = [criteria]
     crits: list[Criterion] = []
@@ -695,7 +928,7 @@ def drafter_certificates(
             crits.append(parse_criterion(spec))
         else:
             widths.append(m)
-    vocab = q.shape[-1] if isinstance(q, Tensor) and q.dim() >= 1 else 0
+    vocab = q.shape[-1]
     widths = [check_tree_width(m, vocab) for m in widths]
     for c in crits:
         _check_vocab(c, vocab)
@@ -730,9 +963,14 @@ def drafter_soundness(
     """Check ``KL(p||q) < rho~_c(q)  =>  c accepts argmax q under p`` on every row; count both sides.
 
     ``p`` (target) and ``q`` (drafter): probabilities ``[N, V]`` (float64 recommended). A row
-    counts as accepted when the criterion accepts *every* maximiser of ``q`` (the certificate
-    is the worst case over them). For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the
-    drafter's tree is then unique), and the tree succeeds iff a maximiser of ``p`` lies in it.
+    counts as accepted when every decoder accepts the draft, whichever way it breaks ties: the
+    criterion accepts *every* maximiser of ``q`` under the worst case over the target's ties
+    (``rejection_mask(p, ties="worst")``: at an exact tie with the draft, or exactly at a
+    threshold, it counts as rejected). The drafter-side certificates count exactly those
+    targets as rejecting (their rejection conditions are closed: ``p_z >= p_d``, ``p_d <= A p_z``,
+    ...). For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the drafter's tree is then
+    unique), and the tree succeeds iff *every* maximiser of ``p`` lies in it (the decoder's
+    token may be any of them).
     """
     if p.shape != q.shape or p.dim() != 2:
         raise ValueError(f"p and q must be [N, V] of the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
@@ -745,7 +983,7 @@ def drafter_soundness(
     out: dict[str, DrafterSoundness] = {}
     for c in criteria:
         crit = parse_criterion(c)
-        rejected = (crit.rejection_mask(p) & top_q).any(-1)
+        rejected = (crit.rejection_mask(p, ties="worst") & top_q).any(-1)
         certified = kl < rho[str(crit)]
         out[str(crit)] = DrafterSoundness(str(crit), p.shape[0], int((~rejected).sum()), int(certified.sum()),
                                           int((certified & rejected).sum()))
@@ -753,7 +991,8 @@ def drafter_soundness(
     top_p = p == p.amax(-1, keepdim=True)
     for m in widths:
         unique = srt.values[:, m - 1] > srt.values[:, m]
-        succeeds = top_p.gather(-1, srt.indices[:, :m]).any(-1)
+        in_tree = torch.zeros_like(top_p).scatter(-1, srt.indices[:, :m], True)
+        succeeds = ~(top_p & ~in_tree).any(-1)
         certified = (kl < rho[f"tree:{m}"]) & unique
         out[f"tree:{m}"] = DrafterSoundness(f"tree:{m}", int(unique.sum()), int((succeeds & unique).sum()),
                                             int(certified.sum()), int((certified & ~succeeds).sum()))
@@ -775,7 +1014,8 @@ def drafter_certificate(q: Tensor, criterion: Criterion | str, *, from_logits: b
 
 def drafter_tree_certificate(q: Tensor, m: int, *, from_logits: bool = False) -> Tensor:
     """``inf { KL(p||q) : argmax p lies outside the drafter's top m }``; ``m = 1`` is strict greedy."""
-    vocab = q.shape[-1] if isinstance(q, Tensor) and q.dim() >= 1 else 0
+    check_distribution_tensor(q, "q")
+    vocab = q.shape[-1]
     check_tree_width(m, vocab)
     return drafter_certificates(q, (), tree_widths=[m], from_logits=from_logits)[f"tree:{m}"]
 
@@ -801,7 +1041,7 @@ def _typical_witness(r: _Rows, q64: Tensor, crit: Typical) -> Tensor:
     cost, st = _typical(r, crit)
     flat = q64.reshape(-1, r.vocab)
     out = torch.where(torch.isfinite(cost).unsqueeze(1), flat, torch.full_like(flat, torch.nan))
-    rows = torch.nonzero(torch.isfinite(st.x)).squeeze(1)
+    rows = torch.nonzero(~torch.isnan(st.x)).squeeze(1)  # x = +inf: the point mass on d
     if rows.numel():
         d = r.indices[rows, 0:1]
         ell = _Competitors(r, rows).full
@@ -842,8 +1082,9 @@ def drafter_witness(q: Tensor, criterion: Criterion | str, *, from_logits: bool 
     m = _tree_spec(criterion)
     if m is not None:
         return drafter_tree_witness(q, m, from_logits=from_logits)
+    check_distribution_tensor(q, "q")
     c = parse_criterion(criterion)
-    vocab = q.shape[-1] if isinstance(q, Tensor) and q.dim() >= 1 else 0
+    vocab = q.shape[-1]
     _check_vocab(c, vocab)
     r = _rows(q, from_logits, _top_needed(c, vocab))
     q64 = normalized_probabilities(q, from_logits=from_logits)
@@ -880,7 +1121,8 @@ def drafter_witness(q: Tensor, criterion: Criterion | str, *, from_logits: bool 
 
 def drafter_tree_witness(q: Tensor, m: int, *, from_logits: bool = False) -> Tensor:
     """The minimiser of the drafter-side tree certificate: ``q(m+1)``'s token tied with the top of ``p*``."""
-    vocab = q.shape[-1] if isinstance(q, Tensor) and q.dim() >= 1 else 0
+    check_distribution_tensor(q, "q")
+    vocab = q.shape[-1]
     check_tree_width(m, vocab)
     r = _rows(q, from_logits, m + 1)
     q64 = normalized_probabilities(q, from_logits=from_logits)

@@ -28,7 +28,9 @@ from companion.drafter_side import (
     drafter_tree_certificate,
     drafter_witness,
 )
+from companion.criteria import Typical
 from companion.oracle import brute_force_drafter_certificate as slsqp_certificate
+from companion.oracle import exhaustive_drafter_typical
 from companion.summary import normalized_probabilities
 from companion.targets import random_targets
 
@@ -209,11 +211,14 @@ def test_closed_forms_exact_on_peaked_rows() -> None:
 
 def test_tree_uses_the_worst_tree_at_ties() -> None:
     """With q(m) = q(m+1) some top-m choice leaves out a token as likely as one kept: the
-    certificate is the cost of lifting that token, not of the next distinct value."""
+    certificate is the cost of lifting that token, not of the next distinct value. The
+    target side's worst-case top-m certificate says the same (a token tied at the m-th place
+    may fall outside the decoder's topk); only the level-set convention gives more."""
     q = torch.tensor([[0.4, 0.25, 0.25, 0.1]], dtype=torch.float64)
     lift = per_token_cost(q, 2, "reverse")
     torch.testing.assert_close(drafter_tree_certificate(q, 2), lift)
-    assert float(lift) < float(certificate(q, "topm:2", "reverse"))
+    torch.testing.assert_close(certificate(q, "topm:2", "reverse"), lift)
+    assert float(lift) < float(certificate(q, "topm:2", "reverse", ties="level-set"))
 
 
 def test_relations_between_criteria() -> None:
@@ -284,6 +289,135 @@ def test_errors_are_one_line() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Typical acceptance: never above an exhaustive search over the V = 3 simplex.
+
+TYPICAL_REGIMES = [(0.09, 0.3), (0.3, 0.9), (0.05, 1.5), (1.0, 1.0), (0.9, 1.0), (1.0, 1.02), (1.0, 3.0),
+                   (0.5, 0.5), (0.2, 3.0), (0.05, 0.3)]
+# Drafters on which an earlier grid-and-refine search over the power transform stopped in the
+# wrong basin (above the infimum), with the parameters where it did.
+TYPICAL_HARD = [
+    ([0.17413575331594108, 0.7327253565110619, 0.0931388901729971], 1.0, 1.0),
+    ([0.021529149648809386, 0.8294543907938615, 0.149016459557329], 0.9, 1.0),
+    ([0.014, 0.8367, 0.1493], 1.0, 1.0),
+    ([0.014, 0.8367, 0.1493], 1.0, 1.02),
+    ([0.7739, 0.1083, 0.1177], 1.0, 1.0),
+]
+
+
+def _v3_drafters(n: int, seed: int) -> np.ndarray:
+    """Random V = 3 drafters from flat to peaked, a quarter of them with a near or exact tie at q(2)."""
+    rng = np.random.default_rng(seed)
+    conc = np.exp(rng.uniform(np.log(0.1), np.log(5.0), size=(n, 1)))
+    q = rng.dirichlet(np.ones(3), size=n) ** (1 / conc)
+    q = q / q.sum(1, keepdims=True)
+    tie = np.arange(n) % 4 == 0
+    srt = -np.sort(-q, axis=1)
+    srt[tie, 2] = srt[tie, 1] * (1 - rng.choice([0.0, 1e-9, 1e-4], size=int(tie.sum())))
+    srt = np.clip(srt, 1e-6, None)
+    return srt / srt.sum(1, keepdims=True)
+
+
+def _check_typical_exhaustive(q: np.ndarray, eps: float, delta: float) -> tuple[float, float]:
+    spec = f"typical:{eps},{delta}"
+    qt = torch.tensor(q, dtype=torch.float64)
+    ours = drafter_certificate(qt, spec).numpy()
+    ref = exhaustive_drafter_typical(q, eps, delta)
+    both = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(ours), both), f"{spec}: finite where the search is not"
+    above = np.where(both, ours - ref, 0.0)
+    i = int(np.argmax(above))
+    # Never above: the search's value is that of a rejected target (an upper bound of rho~).
+    assert above[i] <= 1e-13 * (1 + abs(ref[i])), f"{spec}: q={q[i].tolist()} ours={ours[i]!r} > search={ref[i]!r}"
+    # Tight: the search converges to the infimum, and ours is within 1e-9 of it.
+    below = np.where(both, ref - ours, 0.0)
+    j = int(np.argmax(below))
+    assert below[j] <= 1e-9 * (1 + abs(ref[j])), f"{spec}: q={q[j].tolist()} ours={ours[j]!r} << search={ref[j]!r}"
+    # The witness is a rejected target whose KL is the certificate (to the same tolerance).
+    w = drafter_witness(qt, spec)[torch.from_numpy(both)]
+    kl = _kl(w, qt[torch.from_numpy(both)])
+    gap = (kl - torch.from_numpy(ours[both])).abs().max().item() if both.any() else 0.0
+    assert gap <= 1e-9, f"{spec}: witness KL differs from the certificate by {gap:.3g}"
+    assert bool(_closure_rejects(w, qt[torch.from_numpy(both)], spec).all()), f"{spec}: a witness is not rejected"
+    return float(above.max()), float(below.max())
+
+
+@pytest.mark.parametrize("eps,delta", TYPICAL_REGIMES)
+def test_typical_never_above_exhaustive_search(eps: float, delta: float) -> None:
+    q = _v3_drafters(40, seed=zlib.crc32(f"{eps},{delta}".encode()))
+    _check_typical_exhaustive(q, eps, delta)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("eps,delta", TYPICAL_REGIMES)
+def test_typical_never_above_exhaustive_search_many(eps: float, delta: float) -> None:
+    q = _v3_drafters(300, seed=zlib.crc32(f"many {eps},{delta}".encode()))
+    above, below = _check_typical_exhaustive(q, eps, delta)
+    print(f"typical:{eps},{delta}: 300 drafters, max ours - search {above:.2e}, max search - ours {below:.2e}")
+
+
+@pytest.mark.parametrize("q,eps,delta", TYPICAL_HARD)
+def test_typical_narrow_basins(q: list[float], eps: float, delta: float) -> None:
+    q_arr = np.array([q])
+    _check_typical_exhaustive(q_arr / q_arr.sum(), eps, delta)
+
+
+def test_typical_point_mass_is_rejected_and_counted() -> None:
+    """With eps = delta = 1 the point mass on d is rejected (p_d = 1 is not above min(1, e^0) = 1)
+    although no target near it is: an isolated point of the rejection region. It is counted, so
+    the certificate is -log q_d; the infimum over the rest of the region is larger, and a
+    certificate that ignored the point would certify a target that Medusa's rule rejects."""
+    q = torch.tensor([0.029679435111534876, 0.08123206538343192, 0.77164415652669, 0.1174443429783431],
+                     dtype=torch.float64)
+    d = int(q.argmax())
+    rho = float(drafter_certificate(q, "typical:1,1"))
+    assert rho == pytest.approx(-math.log(float(q[d])), rel=1e-14)
+    point = torch.zeros_like(q).index_fill(0, torch.tensor([d]), 1.0)
+    torch.testing.assert_close(drafter_witness(q, "typical:1,1"), point)
+    assert bool(Typical(1.0, 1.0).rejection_mask(point)[d]), "Medusa's strict rule must reject the point mass"
+    # Slightly off the point mass the draft is accepted: the point is isolated.
+    near = 0.999 * point + 0.001 * q
+    assert not bool(Typical(1.0, 1.0).rejection_mask(near)[d])
+    # The SLSQP oracle (which counts the point explicitly) agrees; without the point the least
+    # KL over the region is far above, and KL(point || q) < that value.
+    assert slsqp_certificate(q.numpy(), "typical:1,1") == pytest.approx(rho, rel=1e-12)
+    without = slsqp_certificate(q.numpy(), "typical:1,0.999999")
+    assert float(_kl(point, q)) < without - 0.2
+    # drafter_soundness on that very target: not certified (KL is not below rho), rejected.
+    counts = drafter_soundness(point.unsqueeze(0), q.unsqueeze(0), ["typical:1,1"])["typical:1,1"]
+    assert counts.certified_and_rejected == 0 and counts.accepted == 0
+
+
+def test_typical_is_clamped_at_zero() -> None:
+    """q itself rejected (a nearly flat drafter with delta > 1): 0, never a negative rounding residue."""
+    for q in ([0.9, 0.05, 0.05], [0.3347521781356278, 0.3438133094855812, 0.32143451237879117]):
+        v = float(drafter_certificate(torch.tensor(q, dtype=torch.float64), "typical:1,3"))
+        assert v >= 0.0
+    assert float(drafter_certificate(torch.tensor([0.3347521781356278, 0.3438133094855812, 0.32143451237879117],
+                                                  dtype=torch.float64), "typical:1,3")) == 0.0
+
+
+def test_greedy_near_ties_match_mpmath() -> None:
+    """The strict-greedy certificate at relative gaps q(1)/q(2) - 1 down to 1e-15: relative error
+    <= 1e-12 against mpmath (the old pooled form lost about 1e-16 / gap)."""
+    mpmath.mp.dps = 50
+    checked = 0
+    for base in (0.4, 0.3, 0.05, 1e-3):
+        for rel_gap in (1e-1, 1e-4, 1e-8, 1e-12, 1e-15):
+            q1 = base * (1 + rel_gap)
+            rest = 1.0 - base - q1
+            k = int(math.ceil(rest / base)) + 1  # the rest spread below q(2)
+            q = torch.tensor([base, q1] + [rest / k] * k, dtype=torch.float64)
+            ours = float(drafter_certificate(q, "greedy"))
+            total = sum(mpmath.mpf(float(x)) for x in q)
+            a, b = mpmath.mpf(float(q[1])) / total, mpmath.mpf(float(q[0])) / total
+            exact = -mpmath.log(1 - (mpmath.sqrt(a) - mpmath.sqrt(b)) ** 2)
+            err = abs(mpmath.mpf(ours) - exact) / exact
+            assert err <= 1e-12, f"q(1)={q1!r} q(2)={base!r}: ours {ours!r} vs {mpmath.nstr(exact, 17)}"
+            checked += 1
+    assert checked == 20
+
+
+# ---------------------------------------------------------------------------------------------
 # Witnesses: they attain the certificate, sit on the rejection region, and a step further is rejected.
 
 
@@ -319,7 +453,7 @@ def _closure_rejects(p: torch.Tensor, q: torch.Tensor, spec: str, tol: float = 1
 def _rejects(p: torch.Tensor, q: torch.Tensor, spec: str) -> torch.Tensor:
     """Whether ``spec`` rejects some maximiser of ``q`` under ``p`` (the library's acceptance rule)."""
     top = q == q.amax(-1, keepdim=True)
-    return (parse_criterion(spec).rejection_mask(p) & top).any(-1)
+    return (parse_criterion(spec).rejection_mask(p, ties="worst") & top).any(-1)
 
 
 def _tree_strict(p: torch.Tensor, q: torch.Tensor, spec: str) -> torch.Tensor:
