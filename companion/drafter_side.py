@@ -872,6 +872,12 @@ def _top_needed(crit: Criterion | None, vocab: int, tree: int | None = None) -> 
 
 
 def _check_vocab(crit: Criterion, vocab: int) -> None:
+    if crit.needs_logits:
+        # Over every target logit vector consistent with some p, the relaxation can always be
+        # switched off (z = log p is never relaxed), so the infimum is strict greedy's.
+        raise ValueError(f"no drafter-side certificate for {crit}: its relaxation reads the target's logits "
+                         "z(2)/z(1), which the drafter side does not know; over all target logits the bound is "
+                         "strict greedy's: use 'greedy'")
     crit.check_vocab(vocab)
     if vocab < 2:
         raise ValueError(f"drafter-side certificates need a vocabulary of at least 2 tokens, got V={vocab}")
