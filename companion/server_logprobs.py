@@ -390,6 +390,9 @@ def _criterion_bound(c: Criterion, v: Tensor, tail: Tensor, vocab: int | None,
     at ``tau_hi`` (accepted iff ``v_i >= tau`` or ``> tau`` per ``c.is_strict(ties)``), exact when
     ``tau_lo`` rejects the same one; else the pooled cost over the top ``k`` of a tail token at
     ``u = min(v_k, tau_hi, T / (1 + n))``; ``+inf`` where no completion rejects anything."""
+    if c.needs_logits:
+        raise ValueError(f"{c} needs the target's raw logits: a server's logprobs are normalised (log-softmax), "
+                         "which removes the offset its ratio z(2)/z(1) depends on")
     if not isinstance(c, _MONOTONE):
         raise ValueError(f"criterion {c} is not supported from top-k logprobs (its threshold's monotonicity is unknown)")
     n, k = v.shape

@@ -284,3 +284,13 @@ def test_unseen_threshold_bound_is_not_vacuous() -> None:
     ratio = (bound.value / truth)[torch.isfinite(truth) & (truth > 0)]
     assert float(ratio.median()) > 0.5 and float(ratio.max()) <= 1 + 1e-9
     assert math.isfinite(float(bound.value.max()))
+
+
+def test_mars_refused_with_the_reason_logprobs_cannot_decide_it() -> None:
+    """MARS reads z(2)/z(1) of the raw logits; log-softmax has removed the offset it depends on."""
+    row = {"a": math.log(0.6), "b": math.log(0.3), "c": math.log(0.1)}
+    with pytest.raises(ValueError) as err:
+        certificates_from_logprobs([row], ["mars:0.87"])
+    assert str(err.value) == ("mars:0.87 needs the target's raw logits: a server's logprobs are normalised "
+                              "(log-softmax), which removes the offset its ratio z(2)/z(1) depends on"), str(err.value)
+    assert "\n" not in str(err.value)
