@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import xlogy
 
-from companion.criteria import parse_criterion
+from companion.criteria import Mars, parse_criterion
 from companion.speculative import (
     POLICY_FORMS,
     Calibrated,
@@ -147,6 +147,48 @@ def test_relaxed_mode_accepts_exactly_what_the_criterion_accepts(pair, criterion
                     assert int(r.tokens[pos + a]) == int(logits[pos + a].argmax())
                 pos += a + 1
     assert lossy > 0, f"{criterion} never accepted a draft that strict greedy rejects"
+
+
+@pytest.mark.parametrize("policy", ["constant:4", "certificate"])
+def test_mars_accepts_what_the_raw_logits_relax_and_mars_1_is_strict_greedy(pair, policy):
+    """``mars:0.87``: every accepted draft passes ``Mars(0.87).decoder_accepts`` on the teacher-forced
+    raw target logits and the first rejected one fails it; ``mars:1`` never relaxes, so its output
+    is the target's greedy decoding (the reference ``target.generate``)."""
+    target, drafter, ids, refs = pair
+    mars = Mars(0.87)
+    checked = 0
+    for x, ref in zip(ids, refs):
+        r = generate(target, drafter, x, policy=policy, max_new_tokens=N_NEW, criterion="mars:0.87")
+        assert not r.lossless and r.criterion == "mars:0.87"
+        check_bookkeeping(r, N_NEW)
+        with torch.inference_mode():
+            full = torch.cat([x[0], r.tokens])
+            logits = target(full[None]).logits[0, x.shape[1] - 1: -1]
+        pos = 0
+        for a, d in zip(r.accepted, r.draft_tokens):
+            for j in range(a):
+                assert int(r.tokens[pos + j]) == d[j]
+                assert bool(mars.decoder_accepts(logits[pos + j], d[j], from_logits=True)), \
+                    (pos + j, d[j], torch.topk(logits[pos + j].double(), 2).values.tolist())
+                checked += 1
+            if a < len(d):
+                assert not bool(mars.decoder_accepts(logits[pos + a], d[a], from_logits=True)), (pos + a, d[a])
+            pos += a + 1
+        strict = generate(target, drafter, x, policy=policy, max_new_tokens=N_NEW, criterion="mars:1")
+        assert torch.equal(strict.tokens, ref), f"mars:1 {strict.tokens.tolist()} != greedy {ref.tolist()}"
+    assert checked > 0, f"{policy}: no draft accepted under mars:0.87, nothing checked"
+
+
+def test_drafter_rho_for_mars_is_strict_greedys_closed_form():
+    """No drafter-side certificate of MARS's own: ``drafter_rho`` is ``-log(1 - (sqrt q1 - sqrt q2)^2)``."""
+    rng = np.random.default_rng(3)
+    greedy, mars = parse_criterion("greedy"), parse_criterion("mars:0.87")
+    for _ in range(20):
+        logits = torch.tensor(rng.normal(size=50) * 3.0, dtype=torch.float64)
+        top = torch.topk(torch.softmax(logits, -1), 2).values
+        q1, q2 = float(top[0]), float(top[1])
+        want = -math.log1p(-(math.sqrt(q1) - math.sqrt(q2)) ** 2)
+        assert drafter_rho(logits, mars, q1, q2) == drafter_rho(logits, greedy, q1, q2) == pytest.approx(want, rel=1e-12)
 
 
 # -- validation -----------------------------------------------------------------------------------

@@ -19,6 +19,14 @@ cropped to the tokens they computed on the kept prefix.
   ``torch.argmax``/``topk`` resolve them. The output is *lossy*: it is no
   longer the target's greedy decoding, only a sequence in which every token passed the criterion.
   Calibrated policies then use that criterion's drafter-side certificate.
+* ``criterion="mars:THETA"`` (:class:`~companion.criteria.Mars`, a lossy relaxation): draft ``d_t``
+  is accepted iff it is the target's argmax, or, on a *relaxed* step (``z(1) > 0`` and
+  ``z(2) / z(1) > THETA`` for the two largest raw target logits, ratio in float64), one of the
+  id-ordered ``topk(z_t, 2)``. The rule reads the target's logits as the forward returns them
+  (no logits processor, no temperature): a constant offset changes the ratio. ``mars:1`` never
+  relaxes and gives strict greedy's output. No drafter-side certificate exists for MARS (the
+  drafter cannot know the target's logit offset), so calibrated policies use strict greedy's
+  closed form, which is the infimum over all target logits.
 
 The length budget is that of ``transformers``' assisted generation: generation stops at
 ``len(prompt) + max_new_tokens`` tokens or after an end-of-sequence token, and a round drafts at
@@ -116,9 +124,11 @@ def drafter_rho(q_logits: Tensor, criterion: Criterion, q1: float, q2: float) ->
     :func:`companion.drafter_side.drafter_certificate` on the logits when that module is present,
     and the strict-greedy closed form when it is not: a sound (smaller) certificate for every
     criterion that accepts each target argmax, since such a criterion rejects ``d`` only where
-    strict greedy does.
+    strict greedy does. For criteria that read the target's raw logits (``needs_logits``: MARS)
+    the strict-greedy closed form always: it is exactly the infimum over all target logits
+    (``z = log p`` is never relaxed), and no drafter-side certificate of their own exists.
     """
-    fn = None if isinstance(criterion, StrictGreedy) else _drafter_side()
+    fn = None if isinstance(criterion, StrictGreedy) or criterion.needs_logits else _drafter_side()
     if fn is not None:
         return float(fn(q_logits, criterion, from_logits=True))
     g = (math.sqrt(q1) - math.sqrt(q2)) ** 2
@@ -302,7 +312,9 @@ def generate(
                 ok = [drafts[j] == greedy[j] for j in range(k)]
             else:
                 # the decoders' own rule: the threshold test, and for rank conditions (greedy, top-m,
-                # top-k-delta) the id-ordered argmax/topk of the target's logits, first index wins
+                # top-k-delta, MARS) the id-ordered argmax/topk of the target's logits, first index
+                # wins. p_logits are the forward's raw logits (float32, unprocessed), as MARS needs:
+                # its ratio z(2)/z(1) is computed in float64 inside Mars.relaxed_from_top.
                 ok = crit.decoder_accepts(p_logits[:k], torch.tensor(drafts[:k], dtype=torch.long,
                                                                      device=p_logits.device),
                                           from_logits=True).tolist() if k else []
