@@ -626,19 +626,27 @@ def soundness(traces: Traces, tree_widths: Sequence[int] = tuple(range(1, 9))) -
     divergences. Where the harvest stored the flag itself, the recomputation must agree with
     it; disagreements are counted in ``flag_mismatches`` (they would mean the columns are
     inconsistent).
+
+    Exception: a criterion that reads the target's raw logits (``needs_logits``: MARS) cannot be
+    decided from stored top-k probabilities (its relaxation depends on the logits' offset, which
+    ``p`` does not record); for it ``accepted`` is the stored ``accepted[...]`` column (the
+    decoders' verdict on the logits at harvest time), and no ``accepted`` mismatch is counted.
     """
     violations: dict[str, int] = {}
     mismatches: dict[str, int] = {}
     checks = 0
     draft_p = traces.column("draft_p")
     for c in traces.criteria:
-        tau = thresholds_from_top(traces, c)
         crit = parse_criterion(c)
-        acc = crit.accept_from(torch.tensor(draft_p, dtype=torch.float64), torch.tensor(tau)).numpy()
-        limit = crit.index_rank_limit()
-        if limit is not None:
-            acc = acc & (traces.column("draft_rank") <= limit)
-        mismatches[column_name("accepted", c)] = int((acc != traces.column(column_name("accepted", c)).astype(bool)).sum())
+        if crit.needs_logits:
+            acc = traces.column(column_name("accepted", c)).astype(bool)
+        else:
+            tau = thresholds_from_top(traces, c)
+            acc = crit.accept_from(torch.tensor(draft_p, dtype=torch.float64), torch.tensor(tau)).numpy()
+            limit = crit.index_rank_limit()
+            if limit is not None:
+                acc = acc & (traces.column("draft_rank") <= limit)
+            mismatches[column_name("accepted", c)] = int((acc != traces.column(column_name("accepted", c)).astype(bool)).sum())
         for div in ("fwd", "rev"):
             cert = traces.kl(div) < traces.cert(c, div)
             violations[f"{c} ({div})"] = int((cert & ~acc).sum())

@@ -455,3 +455,46 @@ def test_enlargement_by_bin_brute_force(tr):
     # relaxing never shrinks the certified region: gains are >= 0, ratios >= 1
     for label in enl.gain:
         assert np.all(enl.gain[label] >= 0) and np.all(enl.median_ratio[label] >= 1 - 1e-12)
+
+
+def _with_mars(seed: int = 4) -> tuple[dict, np.ndarray]:
+    """Synthetic traces plus mars:0.87 columns computed from logits with a positive offset (so
+    that some rows relax): certificates and the decoders' verdict on those logits."""
+    from companion.criteria import Mars
+
+    traces, raw = synthetic_traces(seed=seed, lengths=(30, 30), noise=0.3)
+    p, q = raw["p"], raw["q"]
+    z = torch.log(p) + 8.0  # same p; the offset decides which rows MARS relaxes
+    mars = Mars(0.87)
+    d = q.argmax(-1)
+    certs = certificates(z, ["mars:0.87"], ("forward", "reverse"), from_logits=True)
+    kl_f, kl_r = kl_divergence(p, q), kl_divergence(p, q, "reverse")
+    cols = {n: traces.table.column(n).to_pylist() for n in traces.table.column_names}
+    cols = {k: np.array(v) for k, v in cols.items()}
+    cols["cert_fwd[mars:0.87]"] = certs[("mars:0.87", "forward")].numpy()
+    cols["cert_rev[mars:0.87]"] = certs[("mars:0.87", "reverse")].numpy()
+    cols["accepted[mars:0.87]"] = mars.decoder_accepts(z, d, from_logits=True).numpy()
+    cols["certified_fwd[mars:0.87]"] = (kl_f < certs[("mars:0.87", "forward")]).numpy()
+    cols["certified_rev[mars:0.87]"] = (kl_r < certs[("mars:0.87", "reverse")]).numpy()
+    return cols, mars.relaxed(z).numpy()
+
+
+def test_soundness_of_mars_uses_the_stored_acceptance():
+    """MARS is not decidable from top-k probabilities: soundness reads its stored ``accepted``
+    column. Relaxed rows accept the runner-up, which the probabilities alone would call rejected."""
+    cols, relaxed = _with_mars()
+    assert relaxed.any() and not relaxed.all(), f"relaxed on {int(relaxed.sum())} of {len(relaxed)} rows"
+    traces = A.Traces.from_columns(cols)
+    assert "mars:0.87" in traces.criteria
+    rep = A.soundness(traces, tree_widths=(1, 2))
+    assert rep.violations["mars:0.87 (fwd)"] == 0 and rep.violations["mars:0.87 (rev)"] == 0, rep.violations
+    assert "accepted[mars:0.87]" not in rep.flag_mismatches
+    assert rep.total_violations == 0 and rep.total_mismatches == 0, (rep.violations, rep.flag_mismatches)
+    # the stored column is what is checked: a certified row flagged "rejected" is a violation
+    cert = cols["certified_fwd[mars:0.87]"].astype(bool)
+    assert cert.any(), "no mars:0.87 row certified"
+    i = int(np.flatnonzero(cert)[0])
+    cols["accepted[mars:0.87]"] = cols["accepted[mars:0.87]"].copy()
+    cols["accepted[mars:0.87]"][i] = False
+    bad = A.soundness(A.Traces.from_columns(cols), tree_widths=(1, 2))
+    assert bad.violations["mars:0.87 (fwd)"] == 1, bad.violations
