@@ -18,7 +18,7 @@ from huggingface_hub.errors import HFValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from companion.devices import resolve_device
-from companion.tiny_pair import ASSET_DIR
+from companion.assets import DEFAULT_PAIR_DIR as ASSET_DIR
 
 PathLike = str | os.PathLike[str]
 

@@ -4,7 +4,7 @@ Importing this package is cheap; the heavy modules (torch, transformers) load on
 """
 from __future__ import annotations
 
-from pathlib import Path
+from companion.assets import DEFAULT_PAIR_DIR
 
-#: Folder of the committed pair: ``tokenizer/``, ``target/``, ``drafter/``, ``prompts.jsonl``, ``manifest.json``.
-ASSET_DIR: Path = Path(__file__).resolve().parent.parent / "assets" / "default_pair"
+#: Folder of the committed pair (``companion.assets.DEFAULT_PAIR_DIR``), under the recipe's name for it.
+ASSET_DIR = DEFAULT_PAIR_DIR

@@ -1,0 +1,9 @@
+"""Files shipped with the package. The embedded pair's folder lives here so that the loader
+(:mod:`companion.models`) and the training recipe (:mod:`companion.tiny_pair`) both name it
+without either depending on the other."""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Folder of the committed pair: ``tokenizer/``, ``target/``, ``drafter/``, ``prompts.jsonl``, ``manifest.json``.
+DEFAULT_PAIR_DIR: Path = Path(__file__).resolve().parent / "default_pair"
