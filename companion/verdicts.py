@@ -112,7 +112,7 @@ def certified(
 
     With ``from_logits=True``, a ``p`` whose every row lies in [0, 1] and sums to 1 (probabilities,
     most likely) draws one ``UserWarning`` per call
-    (:func:`~companion.validation.warn_if_probabilities`).
+    (``companion.validation.warn_if_probabilities``).
 
     Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
     with, per row, ``certified = KL < rho*`` and ``accepted``; the rule ``KL < rho* => accepted``
