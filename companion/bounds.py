@@ -33,7 +33,8 @@ import math
 import torch
 from torch import Tensor
 
-from companion.kl_certificates import ROUND_DOWN, accepted_count, pooled_cost
+from companion.kl_certificates import accepted_count
+from companion.pooling import ROUND_DOWN, pooled_cost
 from companion.criteria import Criterion, check_ties, parse_criterion
 from companion.summary import summarize
 from companion.validation import check_divergence, check_tree_width

@@ -102,6 +102,7 @@ import torch
 from torch import Tensor
 
 from companion.criteria import Criterion, check_ties, parse_criteria, parse_criterion
+from companion.pooling import cost_of_pool, pool_levels, reverse_tilt
 from companion.summary import (
     DEFAULT_TOP,
     TopSummary,
@@ -112,45 +113,6 @@ from companion.summary import (
     summarize,
 )
 from companion.validation import check_distribution_tensor, check_divergence, check_token, check_tree_width
-
-_SERIES_CUTOFF = 1e-2
-# Forward pooled costs are multiplied by 1 - ROUND_DOWN: their float64 evaluation is good to about
-# 1e-15 relative, so the result never exceeds the exact cost of the float64 inputs.
-ROUND_DOWN = 8e-15
-_DEVIATION_SERIES_CUTOFF = 0.1
-# Above this reverse excess e = P_A - |A| G_A, 1 - e is evaluated as T_A + |A| G_A (log space).
-_LARGE_EXCESS = 0.5
-
-
-def xlogx_minus_x_plus_1(x: Tensor) -> Tensor:
-    """``g(x) = x log x - x + 1`` (``g(0) = 1``), accurate to float64 precision near ``x = 1``."""
-    u = x - 1
-    # g(1+u) = sum_{n>=2} (-1)^n u^n / (n (n-1)); truncation error < |u|^9 / 72.
-    series = u * u * (0.5 - u * (1 / 6 - u * (1 / 12 - u * (1 / 20 - u * (1 / 30 - u * (1 / 42 - u / 56))))))
-    direct = torch.xlogy(x, x) - x + 1
-    return torch.where(u.abs() < _SERIES_CUTOFF, series, direct)
-
-
-def one_plus_u_log1p_u_minus_u(u: Tensor) -> Tensor:
-    """``g(1 + u) = (1 + u) log(1 + u) - u`` for ``u >= -1`` (``g(0) = 1`` at ``u = -1``), from ``u``
-    itself: its series for ``|u| < 0.1`` (relative error ~1e-16 however small ``u`` is), else with
-    ``log1p`` (relative error below 2e-15). Unlike :func:`xlogx_minus_x_plus_1`, no ``x = 1 + u`` is formed, so a ``u`` known
-    to full relative precision (a deviation from a level computed without cancellation) keeps it."""
-    # sum_{n>=2} (-1)^n u^n / (n (n-1)) to n = 17: truncation < |u|^18 / 306, below 1e-16 of the
-    # value for |u| < 0.1; beyond, (1 + u) log1p(u) - u loses at most ~2e-16 / |u| <= 2e-15.
-    series = u * u * (1 / 2 + u * (-1 / 6 + u * (1 / 12 + u * (-1 / 20 + u * (1 / 30 + u * (-1 / 42 + u * (
-        1 / 56 + u * (-1 / 72 + u * (1 / 90 + u * (-1 / 110 + u * (1 / 132 + u * (-1 / 156 + u * (
-            1 / 182 + u * (-1 / 210 + u * (1 / 240 + u * (-1 / 272))))))))))))))))
-    safe = u.clamp(min=-1.0)
-    direct = torch.where(safe <= -1, torch.ones_like(u), (1 + safe) * torch.log1p(safe) - safe)
-    return torch.where(u.abs() < _DEVIATION_SERIES_CUTOFF, series, direct)
-
-
-def expm1_minus_x(d: Tensor) -> Tensor:
-    """``h(d) = e^d - 1 - d``, accurate to float64 precision near ``d = 0``."""
-    series = d * d * (0.5 + d * (1 / 6 + d * (1 / 24 + d * (1 / 120 + d * (1 / 720 + d * (1 / 5040 + d / 40320))))))
-    direct = torch.expm1(d) - d
-    return torch.where(d.abs() < _SERIES_CUTOFF, series, direct)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,99 +147,6 @@ def _width_list(tree_widths: Iterable[int] | int, vocab: int) -> list[int]:
     return [check_tree_width(m, vocab) for m in items]
 
 
-# ---------------------------------------------------------------------------------------------
-# The pooled cost, shared by level-set certificates, trees, per-token costs and witnesses.
-
-
-def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None, divergence: str) -> Tensor:
-    """``min D(p, q)`` over ``q`` flat on the pool ``A = pool`` and proportional to ``p`` elsewhere.
-
-    ``vals``, ``logs``: ``[N, C]`` float64 probabilities and their logs (any order of columns);
-    ``pool``: bool ``[N, C]``, non-empty in every row; ``outside``: ``[N]`` the probability
-    mass ``T_A`` of every token not in the pool, summed without cancellation (reverse only).
-
-    * forward: ``L = mean_A p``, ``C = sum_A p_i log(p_i / L) = L sum_A g(1 + u_i)`` with
-      ``u_i = (p_i - L) / L`` and ``g(1 + u) = (1 + u) log(1 + u) - u``. The deviations are taken
-      without cancellation, ``p_i - L = (p_i - a) - mean_A (p_j - a)`` from the first pooled value
-      ``a`` (differences of nearby floats are exact), so a near tie of relative gap ``delta``
-      costs no digits (where ``p_i / L`` would lose ``1e-16 / delta`` of them); the result is
-      rounded down by a relative ``ROUND_DOWN`` so that it never exceeds the exact value;
-    * reverse: ``log G = mean_A log p``, ``e = P_A - |A| G = G sum_A h(log p_i - log G)``,
-      ``C = -log1p(-e)`` for ``e < 1/2`` (the deviations ``log p_i - log G`` taken as ``log1p`` of
-      differences of nearby floats near ties; rounded down by ``ROUND_DOWN``), else
-      ``C = -log(T_A + |A| G)`` evaluated as
-      ``-logaddexp(log T_A, log |A| + log G)``. A pooled zero makes ``G = 0`` and ``C = -log T_A``
-      (``+inf`` when ``T_A = 0`` too).
-    """
-    zero = torch.zeros_like(vals)
-    count = pool.sum(1).to(vals.dtype)
-    if divergence == "forward":
-        level = torch.where(pool, vals, zero).sum(1) / count
-        anchor = vals.gather(1, pool.to(torch.int8).argmax(1, keepdim=True))  # the first pooled value
-        diff = torch.where(pool, vals - anchor, zero)
-        dev = diff - (diff.sum(1) / count).unsqueeze(1)  # p_i - L
-        terms = one_plus_u_log1p_u_minus_u(dev / level.unsqueeze(1))
-        return level * torch.where(pool, terms, zero).sum(1) * (1 - ROUND_DOWN)
-    mean_log = torch.where(pool, logs, zero).sum(1) / count
-    finite = torch.isfinite(mean_log)
-    safe = torch.where(finite, mean_log, torch.zeros_like(mean_log))
-    g = torch.exp(safe).unsqueeze(1)
-    # d_i = log p_i - log G = r_i - mean_A r with r_i = log(p_i / a), a the first pooled value:
-    # log1p((p_i - a) / a) within a factor 1.5 of a (a difference of nearby floats, exact), the
-    # difference of the logs beyond (no cancellation left there), so near ties keep their digits.
-    first = pool.to(torch.int8).argmax(1, keepdim=True)
-    a_val, a_log = vals.gather(1, first), logs.gather(1, first)
-    close = pool & (a_val > 0) & ((vals - a_val).abs() <= 0.5 * a_val)
-    ratio = torch.where(close, (vals - a_val) / torch.where(a_val > 0, a_val, torch.ones_like(a_val)), zero)
-    rel = torch.where(pool, torch.where(close, torch.log1p(ratio), logs - a_log), zero)
-    d = torch.where(pool, rel - (rel.sum(1) / count).unsqueeze(1), zero)
-    big = d > 1
-    # G h(d): its series near 0, G (expm1(d) - d) up to d = 1, and p - G (1 + d) beyond, where
-    # no cancellation is left and e^d could overflow.
-    near = g * expm1_minus_x(torch.where(big, zero, d))
-    far = vals - g * (1 + d)
-    excess = torch.where(pool, torch.where(big, far, near), zero).sum(1)
-    small = -torch.log1p(-excess.clamp(max=1.0)) * (1 - ROUND_DOWN)
-    if outside is None:
-        raise ValueError("the reverse pooled cost needs the mass outside the pool (outside=None given)")
-    large = -torch.logaddexp(torch.log(outside), torch.log(count) + mean_log)
-    return torch.where(finite & (excess < _LARGE_EXCESS), small, large)
-
-
-def _pool_levels(anchor_val: Tensor, anchor_log: Tensor, weight: Tensor, others_val: Tensor, others_log: Tensor,
-                 divergence: str) -> Tensor:
-    """Level of the pool {``weight`` copies of the anchor} + first ``j`` of ``others``, ``j = 0..n``: ``[N, n+1]``.
-
-    Forward: the arithmetic mean of the pooled probabilities. Reverse: the mean of their logs
-    (the log of the geometric mean ``G``), so that comparisons need no ``exp``.
-    """
-    zero_col = torch.zeros(others_val.shape[0], 1, dtype=others_val.dtype, device=others_val.device)
-    j = torch.arange(others_val.shape[1] + 1, device=others_val.device)
-    w = weight.to(others_val.dtype).unsqueeze(1)
-    if divergence == "forward":
-        return (w * anchor_val.unsqueeze(1) + torch.cat([zero_col, others_val.cumsum(1)], dim=1)) / (w + j)
-    # log 0 = -inf only enters levels that the callers mask or that are exact (zeros pooled).
-    return (w * anchor_log.unsqueeze(1) + torch.cat([zero_col, others_log.cumsum(1)], dim=1)) / (w + j)
-
-
-def _cost_of_pool(values: Tensor, logs: Tensor, tail: Tensor, pool_k: Tensor, y_val: Tensor, y_log: Tensor,
-                  extra: Tensor, divergence: str) -> Tensor:
-    """:func:`pooled_cost` of a pool given as a mask over a summary's ``K`` sorted values plus,
-    where ``extra``, one token beyond them (probability ``y_val``, log ``y_log``, counted in ``tail``).
-
-    ``T_A = sum of the values left out + (tail - the extra token)``: no ``1 - P_A``.
-    """
-    vals = torch.cat([values, y_val.unsqueeze(1)], dim=1)
-    lg = torch.cat([logs, y_log.unsqueeze(1)], dim=1)
-    pool = torch.cat([pool_k, extra.unsqueeze(1)], dim=1)
-    outside = None
-    if divergence == "reverse":
-        left = torch.where(pool_k, torch.zeros_like(values), values).sum(1)
-        beyond = (tail - torch.where(extra, y_val, torch.zeros_like(y_val))).clamp(min=0)
-        outside = left + beyond
-    return pooled_cost(vals, lg, pool, outside, divergence)
-
-
 def _level_set_pool(values: Tensor, logs: Tensor, n_above: Tensor, y_pos: Tensor, y_val: Tensor, y_log: Tensor,
                     divergence: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The pooled set of ``C(p, y)`` over sorted values ``[N, K]``.
@@ -296,7 +165,7 @@ def _level_set_pool(values: Tensor, logs: Tensor, n_above: Tensor, y_pos: Tensor
     """
     k = values.shape[1]
     j = torch.arange(k + 1, device=values.device)
-    score = _pool_levels(y_val, y_log, torch.ones_like(n_above), values, logs, divergence)
+    score = pool_levels(y_val, y_log, torch.ones_like(n_above), values, logs, divergence)
     allowed = j.unsqueeze(0) <= n_above.unsqueeze(1)
     score = torch.where(allowed, score, torch.full_like(score, -torch.inf))
     j_star = score.argmax(1)  # first maximum: where the scan stops
@@ -331,7 +200,7 @@ def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str
     y_pos = n_above.clamp(max=k)
     y_log = torch.log(p_y)
     pool_k, extra, j_star, incomplete = _level_set_pool(values, logs, n_above, y_pos, p_y, y_log, divergence)
-    cost = _cost_of_pool(values, logs, tail.to(torch.float64), pool_k, p_y, y_log, extra, divergence)
+    cost = cost_of_pool(values, logs, tail.to(torch.float64), pool_k, p_y, y_log, extra, divergence)
     if divergence == "reverse":
         cost = torch.where(p_y > 0, cost, torch.full_like(cost, torch.inf))
     return cost, j_star, incomplete
@@ -359,7 +228,7 @@ def _tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
     # competitor positions, lowest first: t+m-1, t+m-2, ..., t
     pos = (t.unsqueeze(1) + (m - 1) - torch.arange(m, device=values.device).unsqueeze(0)).clamp(max=k - 1)
     asc_val, asc_log = values.gather(1, pos), logs.gather(1, pos)
-    score = _pool_levels(values[:, 0], logs[:, 0], t, asc_val, asc_log, divergence)
+    score = pool_levels(values[:, 0], logs[:, 0], t, asc_val, asc_log, divergence)
     score[:, 0] = torch.inf  # at least one competitor must be pooled (all lie below p(1))
     j_star = score.argmin(1)  # first minimum: the scan from below stops here
     highest = asc_val.gather(1, (j_star - 1).unsqueeze(1))
@@ -393,7 +262,7 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
             else (1 - values.sum(1)).clamp(min=0)
     pool_k, j_star, t, known = _tree_pool(values, logs, m, divergence, ties)
     zeros = torch.zeros_like(tail)
-    cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
+    cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
     cost = torch.where(known, cost, torch.full_like(cost, torch.nan))
     if vocab is not None:
         cost = torch.where(t + m > vocab, torch.full_like(cost, torch.inf), cost)
@@ -544,7 +413,7 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
     out = {}
     for div in divs:
         pool_k, extra, _, incomplete = _level_set_pool(values, logs, n_above, y_pos, y_val, y_log, div)
-        cost = _cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div)
+        cost = cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div)
         if div == "reverse":
             # y* with p = 0 cannot carry the maximum of any q with KL(q || p) < inf: +inf is exact.
             cost = torch.where(torch.isneginf(y_log), torch.full_like(cost, torch.inf), cost)
@@ -577,7 +446,7 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     out = {}
     for div in divs:
         pool_k, _, t, known = _tree_pool(values, logs, m, div, ties)
-        cost = _cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
+        cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
         infeasible = t + m > s.vocab
         redo = ~known & ~infeasible
         if bool(redo.any()):
@@ -725,7 +594,7 @@ def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", 
     log_y = full.logs.gather(1, where.unsqueeze(1)).squeeze(1)
     n_above = (full.values > p_y.unsqueeze(1)).sum(1)
     pool_k, extra, _, _ = _level_set_pool(full.values, full.logs, n_above, where, p_y, log_y, divergence)
-    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
+    cost = cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
     if divergence == "reverse":
         cost = torch.where(torch.isneginf(log_y), torch.full_like(cost, torch.inf), cost)
     return cost.reshape(full.lead_shape)
@@ -738,22 +607,18 @@ def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", 
 def _witness_from_pool(full: TopSummary, pool: Tensor, cost: Tensor, divergence: str) -> Tensor:
     """``q*`` from the pooled set (a mask over sorted positions) and its cost, in token order.
 
-    Forward: ``q = mean_A p`` on the pool, ``p`` elsewhere. Reverse: with ``C = -log(T_A + |A| G_A)``,
-    ``q = e^C G_A`` on the pool and ``e^C p`` elsewhere (``t = e^C``), computed as
-    ``exp(log G_A + C)`` and ``exp(log p + C)`` so that nothing overflows on peaked rows.
+    Forward: ``q = mean_A p`` on the pool, ``p`` elsewhere. Reverse: the kernel's tilt
+    (:func:`companion.pooling.reverse_tilt`), ``q = e^C G_A`` on the pool and ``e^C p`` elsewhere.
     Rows with an infinite cost get NaN.
     """
     values, logs = full.values, full.logs
-    zero = torch.zeros_like(values)
-    size = pool.sum(1).to(values.dtype)
     if divergence == "forward":
-        level = torch.where(pool, values, zero).sum(1) / size
+        zero = torch.zeros_like(values)
+        level = torch.where(pool, values, zero).sum(1) / pool.sum(1).to(values.dtype)
         q_sorted = torch.where(pool, level.unsqueeze(1).expand_as(values), values)
+        q_sorted = torch.where(torch.isfinite(cost).unsqueeze(1), q_sorted, torch.full_like(q_sorted, torch.nan))
     else:
-        mean_log = torch.where(pool, logs, zero).sum(1) / size
-        safe = torch.where(torch.isfinite(cost), cost, torch.zeros_like(cost)).unsqueeze(1)
-        q_sorted = torch.where(pool, torch.exp(mean_log.unsqueeze(1) + safe).expand_as(values), torch.exp(logs + safe))
-    q_sorted = torch.where(torch.isfinite(cost).unsqueeze(1), q_sorted, torch.full_like(q_sorted, torch.nan))
+        q_sorted = reverse_tilt(values, logs, pool, cost)
     q = torch.empty_like(q_sorted).scatter_(1, full.indices, q_sorted)
     return q.reshape(full.lead_shape + (full.vocab,))
 
@@ -780,7 +645,7 @@ def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", 
     p_y = full.values.gather(1, pos.unsqueeze(1)).squeeze(1)
     log_y = full.logs.gather(1, pos.unsqueeze(1)).squeeze(1)
     pool_k, extra, _, _ = _level_set_pool(full.values, full.logs, r, pos, p_y, log_y, divergence)
-    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
+    cost = cost_of_pool(full.values, full.logs, full.tail, pool_k, p_y, log_y, extra, divergence)
     empty = _nothing_rejected(r, full.vocab, tau, c.is_strict(ties))
     if divergence == "reverse":
         empty |= torch.isneginf(log_y)
@@ -800,7 +665,7 @@ def tree_witness(p: Tensor, m: int, divergence: str = "forward", *, from_logits:
     full = sorted_rows(p, from_logits=from_logits)
     pool_k, _, t, known = _tree_pool(full.values, full.logs, m, divergence, ties)
     zeros = torch.zeros_like(full.tail)
-    cost = _cost_of_pool(full.values, full.logs, full.tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
+    cost = cost_of_pool(full.values, full.logs, full.tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
     cost = torch.where(known, cost, torch.full_like(cost, torch.inf))
     return _witness_from_pool(full, pool_k, cost, divergence)
 
