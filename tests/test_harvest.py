@@ -701,7 +701,15 @@ def test_readme_documents_the_current_schema() -> None:
 def test_cli_missing_weights_is_a_message_not_a_traceback(tmp_path, monkeypatch, capsys) -> None:
     from companion.cli import main
 
+    import huggingface_hub.constants
+    import transformers.utils.hub
+
+    # huggingface_hub and transformers read HF_HUB_OFFLINE once, at import (already done here):
+    # set their flags too, as a fresh interpreter with the variable set would have them, so that
+    # the test does not spend ~45 s retrying a hub this machine cannot reach.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(transformers.utils.hub, "_is_offline_mode", True)
     rc = main(["harvest", "--target", "nonexistent-org/nonexistent-model", "--no-drafter",
                "--out", str(tmp_path / "out"), "--n-prompts", "1", "--no-progress"])
     err = capsys.readouterr().err
