@@ -316,21 +316,42 @@ SURVIVAL_GRID = np.linspace(0.0, 1.0, 65)
 Law = tuple[np.ndarray, np.ndarray]
 
 
-def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int) -> list[np.ndarray]:
+def _expectation(law: Law) -> tuple[np.ndarray, np.ndarray]:
+    """``(a, M)`` with ``E_s[S s + W(S s)] = a + M @ W`` at every grid point ``S``, for ``W`` tabulated on
+    :data:`SURVIVAL_GRID` and read by linear interpolation (what ``np.interp`` does on that grid).
+
+    The law is fixed while the rate is searched, so the interpolation weights are worked out once
+    and each Bellman step is one small matrix-vector product.
+    """
+    vals, w = law
+    g = SURVIVAL_GRID.size
+    s_next = SURVIVAL_GRID[:, None] * np.asarray(vals, dtype=float)[None, :]  # in [0, 1]
+    pos = s_next * (g - 1)
+    left = np.clip(np.floor(pos).astype(int), 0, g - 2)
+    frac = pos - left
+    rows = np.broadcast_to(np.arange(g)[:, None], left.shape)
+    m = np.zeros((g, g))
+    np.add.at(m, (rows, left), (1 - frac) * w[None, :])
+    np.add.at(m, (rows, left + 1), frac * w[None, :])
+    return (s_next * w[None, :]).sum(1), m
+
+
+def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[int], float], kmax: int,
+            _ops: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> list[np.ndarray]:
     """Value functions ``W_0 .. W_kmax`` on :data:`SURVIVAL_GRID`.
 
     ``W_kmax = 0`` and ``W_i(S) = max(0, E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i)))``, with
     ``s`` drawn from ``laws[0]`` (values, weights summing to 1) for the first draft of a round and
-    from ``laws[1]`` for later ones.
+    from ``laws[1]`` for later ones. ``_ops``: the laws' :func:`_expectation` operators, when the
+    caller evaluates many rates for the same laws.
     """
+    ops = _ops if _ops is not None else [_expectation(laws[0]), _expectation(laws[1])]
     w_next = np.zeros_like(SURVIVAL_GRID)
     tables = [w_next]
     for i in range(kmax - 1, -1, -1):
-        vals, w = laws[0] if i == 0 else laws[1]
+        a, m = ops[0] if i == 0 else ops[1]
         step = c + verify_cost(i + 1) - verify_cost(i)
-        s_next = SURVIVAL_GRID[:, None] * vals[None, :]
-        cont = ((s_next + np.interp(s_next, SURVIVAL_GRID, w_next)) * w[None, :]).sum(1) - lam * step
-        w_next = np.maximum(cont, 0.0)
+        w_next = np.maximum(a + m @ w_next - lam * step, 0.0)
         tables.append(w_next)
     return tables[::-1]
 
@@ -344,12 +365,14 @@ def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], flo
     tokens-per-cost rate the model allows (Dinkelbach). 1 when drafting never pays. ``guess``
     (e.g. the previous root) narrows the first bracket to ``guess +- 0.05`` when it holds the root.
     """
+    ops = [_expectation(laws[0]), _expectation(laws[1])]
+
     def excess(lam: float) -> float:
-        return 1.0 - lam + bellman(lam, laws, c, verify_cost, kmax)[0][-1]
+        return 1.0 - lam + bellman(lam, laws, c, verify_cost, kmax, ops)[0][-1]
 
     lo, hi = 1.0, float(kmax + 1)
     if excess(lo) <= 0.0:
-        return 1.0, bellman(1.0, laws, c, verify_cost, kmax)
+        return 1.0, bellman(1.0, laws, c, verify_cost, kmax, ops)
     if guess is not None:
         g_lo, g_hi = max(lo, guess - 0.05), min(hi, guess + 0.05)
         if excess(g_lo) > 0.0 and excess(g_hi) <= 0.0:
@@ -360,7 +383,7 @@ def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], flo
             lo = mid
         else:
             hi = mid
-    return lo, bellman(lo, laws, c, verify_cost, kmax)
+    return lo, bellman(lo, laws, c, verify_cost, kmax, ops)
 
 
 @dataclass
