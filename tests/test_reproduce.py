@@ -64,8 +64,20 @@ def test_shipped_profiles_load() -> None:
     assert gpu.parameters["n_prompts"] == 500 and gpu.parameters["n_steps"] == 128
 
 
+def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
+    cpu, full = load_profile(ROOT, "cpu"), load_profile(ROOT, "full")
+    assert full.parameters == cpu.parameters
+    assert full.notebooks == {"10_decode_time": {"n_eval_prompts": 12}}
+    assert load_profile(ROOT, "gpu").notebooks["10_decode_time"]["n_eval_prompts"] == 12
+    # the default build trims chapter 10 to 6 prompts: the notebook's own default
+    from companion.book.parameters import notebook_parameters
+
+    declared = notebook_parameters(ROOT / "notebooks" / "10_decode_time.ipynb")
+    assert declared["n_eval_prompts"].value == 6
+
+
 def test_unknown_profile_lists_the_known_ones() -> None:
-    with pytest.raises(ReproduceError, match=r"unknown profile 'tpu'.*cpu, gpu"):
+    with pytest.raises(ReproduceError, match=r"unknown profile 'tpu'.*cpu, full, gpu"):
         load_profile(ROOT, "tpu")
 
 
@@ -234,6 +246,51 @@ def test_reproduce_executes_records_and_builds(make_project, monkeypatch, tmp_pa
     assert (layout.html / "_static" / "mathjax" / "tex-chtml.js").is_file()
     assert find_remote_resources(layout.html) == []
     assert not list(layout.work.iterdir()), "temporary work directories must be cleaned up"
+
+
+@pytest.mark.book
+def test_parallel_run_records_the_same_as_one_at_a_time(make_project, monkeypatch) -> None:
+    """``jobs=3``: three kernels at once (one thread each), the longest chapter first; the record,
+    the figures and the executed notebooks are those of a run one chapter at a time."""
+    root = make_project("01_a", "02_b", "03_c")
+    for name in ("01_a", "02_b", "03_c"):
+        write_notebook(root / "notebooks" / f"{name}.ipynb", "device = 'cpu'\nseed = 0\nn_points = 3",
+                       FIGURE_CELL.replace("'ok_line'", f"'{name}_line'"),
+                       "import os\nprint('threads', os.environ.get('OMP_NUM_THREADS'))")
+    layout = Layout.at(root)
+    messages: list[str] = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set by the test workers themselves
+    reproduce(layout, "cpu", jobs=3, build=False, log=messages.append)
+    assert "running 3 chapters at a time (one thread each)" in messages
+    parallel = load_record(layout.record)
+    outputs = {n: "".join(o.get("text", "") for c in nbformat.read(layout.executed / f"{n}.ipynb", as_version=4).cells
+                          for o in c.get("outputs", [])) for n in ("01_a", "02_b", "03_c")}
+    assert all("threads 1" in text for text in outputs.values()), outputs
+    figures = sorted(p.name for p in layout.figures.iterdir())
+    assert figures == sorted(f"{n}_line.{ext}" for n in ("01_a", "02_b", "03_c") for ext in ("pdf", "png"))
+
+    reproduce(layout, "cpu", jobs=1, build=False, log=messages.append)
+    serial = load_record(layout.record)
+    text = nbformat.read(layout.executed / "01_a.ipynb", as_version=4)
+    assert "threads None" in "".join(o.get("text", "") for c in text.cells for o in c.get("outputs", []))
+    assert list(parallel.chapters) == list(serial.chapters) == ["01_a", "02_b", "03_c"]
+    for name in serial.chapters:
+        a, b = parallel.chapters[name], serial.chapters[name]
+        assert (a.parameters, a.figures, a.source_sha256) == (b.parameters, b.figures, b.source_sha256), name
+
+
+def test_jobs_must_be_a_positive_count(make_project) -> None:
+    root = make_project("01_a")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ReproduceError, match="jobs must be a positive number"):
+            reproduce(Layout.at(root), "cpu", jobs=bad, **QUIET)
+
+
+def test_default_jobs_is_one_on_an_accelerator() -> None:
+    from companion.book.run import MAX_DEFAULT_JOBS, default_jobs
+
+    assert default_jobs(["cuda", "cpu"]) == 1
+    assert 1 <= default_jobs(["cpu", None]) <= MAX_DEFAULT_JOBS
 
 
 @pytest.mark.book

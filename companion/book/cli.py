@@ -73,7 +73,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         check_figures_dir(layout, args.figures_dir)
         overrides = {name: parse_value(value) for name, value in args.param}
         reproduce(layout, args.profile, overrides, args.only, build=not args.no_build,
-                  keep_going=args.keep_going, require_all=args.require_all, cell_timeout=args.cell_timeout)
+                  keep_going=args.keep_going, require_all=args.require_all, cell_timeout=args.cell_timeout,
+                  jobs=args.jobs)
     except ReproduceError as err:
         print(f"companion reproduce: error: {err}", file=sys.stderr)
         return err.exit_code
@@ -105,6 +106,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     p.add_argument("--require-all", action="store_true", help="fail if a chapter's notebook does not exist")
     p.add_argument("--cell-timeout", type=_positive_int, default=None, metavar="SECONDS", help="limit per cell")
+    p.add_argument("--jobs", "-j", type=_positive_int, default=None, metavar="N",
+                   help="chapters executed at once (default: one per CPU core, at most 4; 1 on a GPU profile)")
     p.add_argument("--figures-dir", default=None, help="where figures go (default: figures/ at the root)")
     p.add_argument("--root", default=None, help="project root (default: found from the working directory)")
     p.add_argument("--list", action="store_true",

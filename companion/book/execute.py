@@ -121,8 +121,11 @@ def execute_chapter(
     *,
     show_cells: bool = False,
     cell_timeout: int | None = None,
+    threads: int | None = None,
 ) -> tuple[float, list[Path]]:
     """Run one notebook with papermill; return its wall time and the figure files it wrote.
+
+    ``threads``: the kernel's thread-pool size (``OMP_NUM_THREADS``; None leaves torch's default).
 
     The executed notebook is moved to ``_build/executed`` only on success; on failure the partial
     notebook goes to ``_build/failed`` and ReproduceError names the chapter and the error.
@@ -143,6 +146,8 @@ def execute_chapter(
         "PYTHONPATH": pythonpath,
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",   # silences a debugger warning at kernel start
     }
+    if threads is not None:
+        env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
     start = time.perf_counter()
     # MPLBACKEND is unset so the kernel uses the inline backend and figures land in the notebook.
     # papermill's own warnings are muted: its parameter-cell parser complains about valid lines

@@ -1,12 +1,13 @@
 """``reproduce``: execute the selected chapters, record each run, then build the book."""
 from __future__ import annotations
 
-
+import multiprocessing
 import os
 import platform
 import shutil
 import sys
 import tempfile
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,10 @@ from companion.book.figure_files import publish_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, ReproduceError, RunFailure
 from companion.book.parameters import describe_device, load_profile, notebook_parameters, plan_parameters
 from companion.book.stage import build_book
-from companion.book.toc import read_chapters, select_chapters
+from companion.book.toc import Chapter, read_chapters, select_chapters
+
+# At most this many chapters at once by default: each kernel holds its own model pair in memory.
+MAX_DEFAULT_JOBS = 4
 
 # --------------------------------------------------------------------------------------------
 # The whole run
@@ -47,6 +51,26 @@ def check_figures_dir(layout: Layout, given: str | None) -> None:
         raise ReproduceError(f"{name} is not writable{where}; pass a folder you can write to")
 
 
+def default_jobs(devices: list[str | None]) -> int:
+    """Chapters run at once by default: one per CPU core available (at most ``MAX_DEFAULT_JOBS``)
+    on the CPU, one at a time as soon as any chapter runs on an accelerator (two kernels would
+    share its memory)."""
+    if any(d is not None and d != "cpu" for d in devices):
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_DEFAULT_JOBS))
+
+
+def _run_one(chapter: Chapter, params: dict[str, Any], layout: Layout, work: Path, show_cells: bool,
+             cell_timeout: int | None, threads: int | None) -> tuple[float, list[Path]]:
+    """:func:`execute_chapter` in a worker process (a top-level function, so that it pickles)."""
+    return execute_chapter(chapter, params, layout, work, show_cells=show_cells, cell_timeout=cell_timeout,
+                           threads=threads)
+
+
 def reproduce(
     layout: Layout,
     profile_name: str = "cpu",
@@ -57,12 +81,20 @@ def reproduce(
     keep_going: bool = False,
     require_all: bool = False,
     cell_timeout: int | None = None,
+    jobs: int | None = None,
     log: Any = print,
 ) -> RunRecord:
-    """Execute the selected chapters, record them, then (optionally) build the book."""
+    """Execute the selected chapters, record them, then (optionally) build the book.
+
+    ``jobs`` chapters run at once, each in its own kernel (default: :func:`default_jobs`); with
+    more than one, each kernel uses one thread (``OMP_NUM_THREADS=1``), so that the kernels do
+    not wait on each other's thread pools. Chapters are recorded as they finish.
+    """
     if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)
                                      or cell_timeout < 1):
         raise ReproduceError(f"cell_timeout must be a positive number of seconds or None, got {cell_timeout!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ReproduceError(f"jobs must be a positive number of chapters or None, got {jobs!r}")
     overrides = overrides or {}
     chapters = read_chapters(layout.root)
     if not chapters:
@@ -89,34 +121,82 @@ def reproduce(
     failures: list[str] = []
     show_cells = sys.stderr.isatty()
     log(f"profile {profile.name}: {profile.description}")
+    jobs = min(jobs or default_jobs([devices[c.name][0] for c in runnable]), max(1, len(runnable)))
+    threads = 1 if jobs > 1 else None
+    order = {c.name: i for i, c in enumerate(runnable, 1)}
+    n = len(runnable)
+
+    def finished(chapter: Chapter, params: dict[str, Any], started: str, result: tuple[float, list[Path]]) -> None:
+        seconds, files = result
+        device, device_name = devices[chapter.name]
+        names = publish_figures(chapter.name, files, record, layout.figures)
+        record.chapters[chapter.name] = ChapterExecution(
+            chapter=chapter.name, source=str(chapter.path.relative_to(layout.root)),
+            source_sha256=file_sha256(chapter.path), profile=profile.name, parameters=params,
+            device=device, device_name=device_name, started=started, seconds=round(seconds, 2),
+            figures=names, python=python, torch=torch, commit=commit,
+            harvest=harvest_description(params.get("traces_dir")),
+        )
+        save_record(record, layout.record)
+        log(f"[{order[chapter.name]}/{n}] {chapter.name}: ok in {seconds:.1f} s, {len(names)} figure(s)")
+
+    def params_of(chapter: Chapter) -> dict[str, Any]:
+        params = dict(plans[chapter.name])
+        if devices[chapter.name][0] is not None:
+            params["device"] = devices[chapter.name][0]
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(params.items())) or "notebook defaults"
+        log(f"[{order[chapter.name]}/{n}] {chapter.name}: running ({shown})")
+        return params
+
+    def failed(chapter: Chapter, err: ReproduceError) -> None:
+        log(f"[{order[chapter.name]}/{n}] {chapter.name}: FAILED: {err}")
+        failures.append(str(err))
+
     try:
-        for i, chapter in enumerate(runnable, 1):
-            params = dict(plans[chapter.name])
-            device, device_name = devices[chapter.name]
-            if device is not None:
-                params["device"] = device
-            shown = ", ".join(f"{k}={v!r}" for k, v in sorted(params.items())) or "notebook defaults"
-            log(f"[{i}/{len(runnable)}] {chapter.name}: running ({shown})")
-            started = _utc_now()
+        if jobs == 1:
+            for chapter in runnable:
+                params, started = params_of(chapter), _utc_now()
+                try:
+                    finished(chapter, params, started, execute_chapter(
+                        chapter, params, layout, work, show_cells=show_cells, cell_timeout=cell_timeout))
+                except ReproduceError as err:
+                    failed(chapter, err)
+                    if not keep_going:
+                        break
+        else:
+            log(f"running {jobs} chapters at a time (one thread each)")
+            # spawn, not fork: this process may hold torch's thread pools, which do not survive a fork.
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+            pending: dict[Future, tuple[Chapter, dict[str, Any], str]] = {}
+            # Longest first, so that the long chapter overlaps the short ones instead of running
+            # alone at the end: by the previous run's times, or (a chapter never run, as in a
+            # fresh clone) by the notebooks' sizes, a rough measure of how much each one does.
+            previous = {name: ex.seconds for name, ex in record.chapters.items()}
+            if all(c.name in previous for c in runnable):
+                queue = sorted(runnable, key=lambda c: -previous[c.name])
+            else:
+                queue = sorted(runnable, key=lambda c: -c.path.stat().st_size)
             try:
-                seconds, files = execute_chapter(chapter, params, layout, work, show_cells=show_cells,
-                                                 cell_timeout=cell_timeout)
-                names = publish_figures(chapter.name, files, record, layout.figures)
-            except ReproduceError as err:
-                log(f"[{i}/{len(runnable)}] {chapter.name}: FAILED: {err}")
-                failures.append(str(err))
-                if keep_going:
-                    continue
-                break
-            record.chapters[chapter.name] = ChapterExecution(
-                chapter=chapter.name, source=str(chapter.path.relative_to(layout.root)),
-                source_sha256=file_sha256(chapter.path), profile=profile.name, parameters=params,
-                device=device, device_name=device_name, started=started, seconds=round(seconds, 2),
-                figures=names, python=python, torch=torch, commit=commit,
-                harvest=harvest_description(params.get("traces_dir")),
-            )
-            save_record(record, layout.record)
-            log(f"[{i}/{len(runnable)}] {chapter.name}: ok in {seconds:.1f} s, {len(names)} figure(s)")
+                while queue or pending:
+                    while queue and len(pending) < jobs and (keep_going or not failures):
+                        chapter = queue.pop(0)
+                        params, started = params_of(chapter), _utc_now()
+                        fut = pool.submit(_run_one, chapter, params, layout, work, False, cell_timeout, threads)
+                        pending[fut] = (chapter, params, started)
+                    if not pending:
+                        break
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    # in the order of the table of contents, so that the record is written the same way
+                    for fut in sorted(done, key=lambda f: order[pending[f][0].name]):
+                        chapter, params, started = pending.pop(fut)
+                        try:
+                            finished(chapter, params, started, fut.result())
+                        except ReproduceError as err:
+                            failed(chapter, err)
+            finally:
+                for fut in pending:
+                    fut.cancel()
+                pool.shutdown(wait=True, cancel_futures=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if failures:
