@@ -10,6 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist (CI runs one worker per core) each worker and the notebook kernels it
+    # starts use one thread: two workers with two OpenMP threads each on two cores wait on each
+    # other far more than they gain. Set before torch is imported by any test module.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 
 def write_notebook(path: Path, parameters: str, *cells: str, title: str | None = "") -> Path:
     """A notebook: a Markdown title (default: the file name; None: none, when a cell brings its
