@@ -95,7 +95,7 @@ float64 on the input's device; results are float64 with the input's leading shap
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 import torch
@@ -109,8 +109,10 @@ from companion.summary import (
     entropy_of_rows,
     map_rows,
     normalized_probabilities,
+    row_tiles,
     sorted_rows,
     summarize,
+    summarize_partial,
 )
 from companion.validation import check_distribution_tensor, check_divergence, check_token, check_tree_width
 
@@ -316,13 +318,47 @@ def _deepest_rejected(flat: Tensor, sums: Tensor, tau: Tensor, strict: bool, fro
     bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), strict)
     rejected = flat <= bound if strict else flat < bound
     best = torch.where(rejected, flat, -1.0).amax(1).to(torch.float64)
+    return _deepest_value(best, sums)
+
+
+def _deepest_value(best: Tensor, sums: Tensor) -> Tensor:
+    """``[n, 2]``: ``best / sums`` and its log, ``(-1, -inf)`` where ``best < 0`` (nothing rejected)."""
     value = torch.where(best < 0, best, best / sums)
     return torch.stack([value, torch.where(best < 0, torch.full_like(best, -torch.inf), torch.log(value))], dim=1)
 
 
-def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool,
-                          ties: str = "worst") -> Tensor:
-    """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters.
+def _deepest_rejected_probs(flat: Tensor, idx: Tensor, sums: Tensor, tau: Tensor, strict: bool) -> Tensor:
+    """:func:`_deepest_rejected` for float32/float64 probability rows ``flat[idx]`` (``sums``, ``tau``
+    per selected row), tile by tile in work buffers allocated once.
+
+    Fresh tile-sized temporaries would each be new pages from the OS (allocator permitting, a
+    page fault per 4 KiB) and cost several times the arithmetic; ``torch.where`` is also several
+    times slower than plain arithmetic on the CPU. So: ``s = sign(max(bound - x, 0))`` is 1 where
+    ``x < bound`` (a difference of distinct floats is never 0) and 0 elsewhere, and
+    ``x s + (s - 1)`` is ``x`` where rejected and ``-1`` elsewhere, exactly.
+    """
+    vocab, n = flat.shape[1], idx.numel()
+    tiles = list(row_tiles(n, vocab, flat.element_size(), flat.device))
+    per = max((t.stop - t.start for t in tiles), default=0)
+    s_buf = torch.empty((per, vocab), dtype=flat.dtype, device=flat.device)
+    kept_buf = torch.empty_like(s_buf)
+    rows_buf = torch.empty_like(s_buf) if n < flat.shape[0] else None
+    bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), strict).to(flat.dtype)
+    if strict:  # x <= c  <=>  x < the next float above c
+        bound = torch.nextafter(bound, torch.full_like(bound, torch.inf))
+    best = torch.empty(n, dtype=torch.float64, device=flat.device)
+    # idx comes from nonzero: when it holds every row they are in order, so slice instead of copying
+    for tile in tiles:
+        m = tile.stop - tile.start
+        rows = flat[tile] if rows_buf is None else torch.index_select(flat, 0, idx[tile], out=rows_buf[:m])
+        s = torch.sub(bound[tile], rows, out=s_buf[:m]).clamp_(min=0).sign_()
+        kept = torch.mul(rows, s, out=kept_buf[:m])
+        best[tile] = kept.add_(s.sub_(1)).amax(1).to(torch.float64)
+    return _deepest_value(best, sums)
+
+
+def _entropy_bounds(s: TopSummary, crits: list[Criterion], ties: str) -> tuple[Tensor, Tensor]:
+    """``(upper bound of H, rows whose exact H is needed)`` from the top ``K`` of each row alone.
 
     The certificate depends on ``tau = min(eps, delta e^{-H})`` only through which of the top
     ``K`` probabilities exceed it. From the top ``K`` alone (tail mass ``R`` over ``V - K``
@@ -332,8 +368,7 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
 
     Where every ``H`` in that interval puts the same top-``K`` tokens above ``tau`` (and the
     boundary inside the top ``K``), the exact entropy is not needed and the upper bound stands
-    in for it; only the other rows pay the pass over the vocabulary. The returned values are
-    therefore not general-purpose entropies: local to :func:`certificates`.
+    in for it.
     """
     v = s.values
     h_top = -torch.xlogy(v, v).sum(1)
@@ -351,11 +386,44 @@ def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], f
             r_hi = accepted_count(v, tau_hi, c, ties)
             r_lo = accepted_count(v, tau_lo, c, ties)
             need |= (r_hi != r_lo) | (r_lo >= s.k)
+    return upper, need
+
+
+def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool,
+                          ties: str = "worst", known: Tensor | None = None) -> Tensor:
+    """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters
+    (:func:`_entropy_bounds`); elsewhere the upper bound stands in for it. ``known``: exact
+    entropies already computed for some rows (NaN elsewhere), used as they are. The returned
+    values are therefore not general-purpose entropies: local to :func:`certificates`.
+    """
+    upper, need = _entropy_bounds(s, crits, ties)
+    out = upper
+    if known is not None:
+        have = ~torch.isnan(known)
+        out = torch.where(have, known, out)
+        need = need & ~have
     if not bool(need.any()):
-        return upper
+        return out
     idx = torch.nonzero(need).squeeze(1)
     exact = map_rows(lambda x, norm: entropy_of_rows(x, norm, from_logits), flat, s.norm, idx=idx)
-    return upper.index_copy(0, idx, exact)
+    return out.index_copy(0, idx, exact)
+
+
+def _entropy_guess(vocab: int, k: int, crits: list[Criterion], ties: str) -> Callable[[Tensor], Tensor]:
+    """For :func:`~companion.summary.summarize_partial`: from a row's raw top values (before the
+    pass that normalises it), the rows that will likely need their exact entropy, so that it is
+    summed in that same pass. Probability rows sum to 1 within the validation tolerance, so the
+    raw values stand in for the normalised ones; a wrong guess costs time only (a row that turns
+    out to need it after all gets its own pass in :func:`_entropy_where_needed`)."""
+
+    def guess(top: Tensor) -> Tensor:
+        vals = top[:, :k]
+        tail = (1 - vals.sum(1)).clamp(min=0)
+        rough = TopSummary(values=vals, indices=torch.zeros_like(vals, dtype=torch.long), vocab=vocab,
+                           lead_shape=torch.Size([vals.shape[0]]), norm=torch.ones_like(tail), tail=tail)
+        return _entropy_bounds(rough, crits, ties)[1]
+
+    return guess
 
 
 def _nothing_rejected(r: Tensor, vocab: int, tau: Tensor, strict: bool) -> Tensor:
@@ -387,8 +455,12 @@ def _boundary(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tensor, c: 
     if bool(deep.any()):
         idx = torch.nonzero(deep).squeeze(1)
         flat_idx = idx if rows is None else rows.index_select(0, idx)
-        best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c.is_strict(ties), from_logits), flat,
-                        _over_rows(s.norm, rows, flat), _over_rows(tau, rows, flat), idx=flat_idx)
+        if from_logits or flat.dtype not in (torch.float32, torch.float64):
+            best = map_rows(lambda x, norm, t: _deepest_rejected(x, norm, t, c.is_strict(ties), from_logits), flat,
+                            _over_rows(s.norm, rows, flat), _over_rows(tau, rows, flat), idx=flat_idx)
+        else:
+            best = _deepest_rejected_probs(flat, flat_idx, s.norm.index_select(0, idx), tau.index_select(0, idx),
+                                           c.is_strict(ties))
         y_val = y_val.index_copy(0, idx, best[:, 0].clamp(min=0))
         y_log = y_log.index_copy(0, idx, best[:, 1])
         empty = empty.index_copy(0, idx, best[:, 0] < 0)
@@ -493,8 +565,14 @@ def certificates(
         c.check_vocab(vocab)
         c.check_inputs(from_logits)
     k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
+    known = None
     if summary is None:
-        s = summarize(p, from_logits=from_logits, k=k)  # validates p
+        # With typical acceptance on probabilities, the rows that need their exact entropy get it
+        # in the pass that sums the tails (one pass over the vocabulary instead of two).
+        guess = None
+        if not from_logits and any(c.needs_entropy for c in crits):
+            guess = _entropy_guess(vocab, min(k, vocab), crits, ties)
+        s, known = summarize_partial(p, from_logits=from_logits, k=k, entropy_rows=guess)  # validates p
     else:
         if summary.k < min(k, vocab) or summary.vocab != vocab or summary.lead_shape != p.shape[:-1]:
             raise ValueError(
@@ -504,7 +582,7 @@ def certificates(
         s = summary
     flat = p.reshape(-1, vocab)
     if any(c.needs_entropy for c in crits) and s.entropy is None:
-        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits, ties))
+        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits, ties, known))
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s, ties)

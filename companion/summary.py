@@ -132,6 +132,20 @@ def summarize(
     norm: Tensor | None = None,
     what: str = "p",
 ) -> TopSummary:
+    """See :func:`summarize_partial`: the summary alone (the entropy of every row when ``with_entropy``)."""
+    return summarize_partial(p, from_logits=from_logits, k=k, with_entropy=with_entropy, norm=norm, what=what)[0]
+
+
+def summarize_partial(
+    p: Tensor,
+    *,
+    from_logits: bool = False,
+    k: int = DEFAULT_TOP,
+    with_entropy: bool = False,
+    norm: Tensor | None = None,
+    what: str = "p",
+    entropy_rows: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[TopSummary, Tensor | None]:
     """Validate ``p`` (probabilities, or logits with ``from_logits=True``) and summarise it.
 
     Probabilities: ``values = topk(p) / S`` with ``S = sum(topk(p)) + tail`` in float64.
@@ -145,6 +159,13 @@ def summarize(
     Entropy: ``H = -sum_i p_i log p_i`` accumulated in float64.
     ``norm`` reuses a normaliser computed earlier for the same rows (so that summaries of
     different ``K`` agree bit for bit); the tail is then summed in a pass of its own.
+
+    ``entropy_rows`` (probabilities only): called with the raw top values (float64 ``[N, K']``,
+    before normalisation) once ``topk`` has run, it returns the rows (bool ``[N]``) whose entropy
+    to compute *in the same pass* as the tail sums, while each tile of rows is in cache; those
+    entropies come back as the second element (NaN on the other rows), equal to what
+    ``with_entropy`` gives. For callers that need the entropy only on some rows (typical
+    acceptance where the top ``K`` do not settle the threshold): one pass over the rows instead of two.
     """
     check_distribution_tensor(p, "logits" if from_logits and what == "p" else what)
     vocab = p.shape[-1]
@@ -180,7 +201,8 @@ def summarize(
     else:
         top64 = top.to(torch.float64)
         kths = [top64[:, s - 1] for s in splits]
-        sums = _row_tail_sums(flat, splits, kths, None)
+        wanted = entropy_rows(top64) if entropy_rows is not None and not with_entropy else None
+        sums = _row_tail_sums(flat, splits, kths, None, wanted)
         if norm is None:
             norm = top64[:, :k_norm].contiguous().sum(1)
             if k_norm < vocab:
@@ -205,20 +227,31 @@ def summarize(
         values = top.to(torch.float64) / norm.unsqueeze(1)
         logs = torch.log(values)
     entropy = map_rows(lambda rows, nrm: entropy_of_rows(rows, nrm, from_logits), flat, norm) if with_entropy else None
-    return TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
-                      tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None)
+    partial = None
+    if "entropy" in sums:
+        # -sum x log x of the raw rows, as entropy_of_rows normalises it
+        partial = sums["entropy"] / norm + torch.log(norm)
+    summary = TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
+                         tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None)
+    return summary, partial
 
 
-def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: Tensor | None) -> dict[int, Tensor]:
+def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: Tensor | None,
+                   entropy_rows: Tensor | None = None) -> dict[int | str, Tensor]:
     """``{s: sum of x over all but the s largest}`` for each split ``s``, in one pass over the rows.
 
     ``x = flat`` (probabilities, ``shift`` None) or ``x = exp(flat - shift)`` (logits);
-    ``kths[i]`` is ``x(s_i)`` in float64. See :func:`_tail_sum`.
+    ``kths[i]`` is ``x(s_i)`` in float64. See :func:`_tail_sum`. With ``entropy_rows`` (bool
+    ``[N]``, probabilities only), also ``"entropy"``: ``-sum x log x`` of those rows (NaN elsewhere),
+    computed on each tile while it is in cache.
     """
-    if not splits:
+    if not splits and (entropy_rows is None or not bool(entropy_rows.any())):
         return {}
+    with_ent = entropy_rows is not None and bool(entropy_rows.any())
 
     def tile(rows: Tensor, *args: Tensor) -> Tensor:
+        if with_ent:
+            want, args = args[-1], args[:-1]
         if shift is None:
             x = rows
             ks = args
@@ -226,12 +259,34 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
             work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
             x = torch.exp(work - args[0].unsqueeze(1).to(work.dtype))
             ks = args[1:]
-        return torch.stack([_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)], dim=1)
+        cols = [_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)]
+        if with_ent:
+            ent = torch.full_like(want, torch.nan, dtype=torch.float64)
+            sel = torch.nonzero(want).squeeze(1)
+            if sel.numel() == rows.shape[0]:
+                ent = _neg_xlogx_sum(rows)
+            elif sel.numel():
+                ent = ent.index_copy(0, sel, _neg_xlogx_sum(rows.index_select(0, sel)))
+            cols.append(ent)
+        return torch.stack(cols, dim=1)
 
-    row_args = ([shift] if shift is not None else []) + kths
+    row_args = ([shift] if shift is not None else []) + kths + ([entropy_rows] if with_ent else [])
     out = map_rows(tile, flat, *row_args)
     # _tail_sum subtracts s * x(s) in float64 from the float64 kth given (exactly as before)
-    return {s: out[:, i] for i, s in enumerate(splits)}
+    sums: dict[int | str, Tensor] = {s: out[:, i] for i, s in enumerate(splits)}
+    if with_ent:
+        sums["entropy"] = out[:, len(splits)]
+    return sums
+
+
+def _neg_xlogx_sum(rows: Tensor) -> Tensor:
+    """``-sum_i x_i log x_i`` of each row of probabilities (unnormalised), float64: see :func:`entropy_of_rows`."""
+    work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
+    # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
+    # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
+    # ~1e-7, a float64 sum costs a softmax more.
+    tiny = torch.finfo(work.dtype).tiny
+    return -work.clamp(min=tiny).log_().mul_(work).sum(-1).to(torch.float64)
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
@@ -242,13 +297,8 @@ def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
         # p log p := 0 where p == 0 (masked tokens have logp = -inf).
         plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
         return -plogp.sum(-1).to(torch.float64)
-    # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
-    # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
-    # ~1e-7, a float64 sum costs a softmax more.
-    tiny = torch.finfo(work.dtype).tiny
-    ent = -work.clamp(min=tiny).log_().mul_(work).sum(-1).to(torch.float64)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
-    return ent / norm + torch.log(norm)
+    return _neg_xlogx_sum(work) / norm + torch.log(norm)
 
 
 def sorted_rows(p: Tensor, *, from_logits: bool = False, with_entropy: bool = False, what: str = "p") -> TopSummary:
