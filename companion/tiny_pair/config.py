@@ -101,6 +101,11 @@ class TrainConfig:
     regime_steps: int = 128
     # Transformers' assisted generation on the regime prompts: drafts per round (constant schedule).
     assisted_num_tokens: int = 4
+    # Copy curriculum (companion.tiny_pair.copy_probe): a first target stage of this many steps on
+    # windows of repeated random word sequences, and this share of the chat stage's windows made
+    # of them. 0 and 0.0: none (the committed pair).
+    copy_warmup_steps: int = 0
+    copy_share: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes carried into the manifest
 
     def to_dict(self) -> dict[str, Any]:
