@@ -154,3 +154,34 @@ def test_chat_prompts_are_distinct_even_when_the_generator_repeats(tokenizer) ->
     ps = cc.build_chat_prompts(one, tokenizer, 0, 60, 1, 400)
     assert len({p.text for p in ps}) == len(ps) == 60
     assert [p.text for p in ps] == [generated[p.line] for p in ps]
+
+
+def test_valid_answers_hold_the_generators_answer_in_every_wording(material: cc.Material) -> None:
+    """``tasks_report.valid_answers``: the generated answer itself is valid, so is every other wording
+    of the same content, with or without the closing sentence; another request's answer is not."""
+    from companion.tiny_pair.tasks_report import answer_is_right, valid_answers
+
+    seen: set[str] = set()
+    for i in range(400):
+        task, question, answer = cc.generate(material, 0, i, "prompts")
+        got_task, valid = valid_answers(material, 0, i)
+        assert got_task == task and answer.strip() in valid, (task, answer, valid)
+        assert answer_is_right(task, answer, valid)
+        closer = cc.CLOSERS.get(task, "")
+        if closer:
+            base = answer[: -len(closer)] if answer.endswith(closer) else answer
+            assert base.strip() in valid and (base + closer).strip() in valid
+        other_task, other_q, other = cc.generate(material, 0, i + 1000, "prompts")
+        if other_task == task and other.strip() not in valid:
+            assert not answer_is_right(task, other, valid)
+        seen.add(task)
+    assert {"upper", "lookup", "capital", "extract"} <= seen
+    # extract: the same (field, value) pairs in the task's other layout are right, other values are not
+    i = next(i for i in range(400) if cc.generate(material, 0, i, "prompts")[0] == "extract")
+    _, _, answer = cc.generate(material, 0, i, "prompts")
+    _, valid = valid_answers(material, 0, i)
+    pairs = re.findall(r'"?([a-z]+)"?\s*:\s*"?([^",\n}]*)"?', answer)
+    lines = "\n".join(f"{k}: {v}" for k, v in pairs)
+    braces = "{" + ", ".join(f'"{k}": "{v}"' for k, v in pairs) + "}"
+    assert answer_is_right("extract", lines, valid) and answer_is_right("extract", braces, valid)
+    assert not answer_is_right("extract", lines.replace(pairs[0][1], pairs[0][1] + "x"), valid)

@@ -298,7 +298,7 @@ CASES = [
      "max_position_embeddings, rope_theta, target.*, drafter.*, target_stage.*, drafter_stage.*, save_dtype, "
      "num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, prompt_max_tokens, greedy_prompts, greedy_steps, "
      "chat_conversations, natural_share, answer_only_loss, eval_conversations, regime_prompts, regime_steps, "
-     "assisted_num_tokens", None),
+     "assisted_num_tokens, copy_warmup_steps, copy_share", None),
     ("retrain-set-unknown-nested-key", ["retrain", "--out", "{work}/out", "--set", "target_stage.nope=1"],
      "companion retrain: --set target_stage.nope=1: unknown config key 'target_stage.nope'; known: "
      "target_stage.steps, target_stage.batch_size, target_stage.lr, target_stage.warmup_steps, "

@@ -227,6 +227,14 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
                            ("answers ending with EOS", "eos_rate"), ("mean answer length (steps)", "answer_length_mean"),
                            ("drafter greedy token accepted (strict greedy)", "drafter_greedy_acceptance")):
             out.append(f"  {label:<46} {_fmt(r.get(key)):>8}")
+    tasks = f.get("tasks") or fig.get("tasks")
+    if tasks:
+        from companion.tiny_pair.tasks_report import format_task_table
+
+        which = "fresh" if f.get("tasks") else "manifest"
+        out.append(f"\nper task ({which}): the target's greedy answers to the regime's prompts; right = content "
+                   "exact-match; p5 = 5th percentile over the answer's steps (certificates: forward, nats)")
+        out.extend(format_task_table(tasks))
     h = fig.get("assisted")
     if h:
         out.append(f"\ntransformers' assisted generation, {h['num_assistant_tokens']} drafts a round, same prompts "

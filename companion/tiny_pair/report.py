@@ -105,6 +105,13 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
                 [p.text for p in prompts[: cfg.greedy_prompts]], cfg.greedy_steps, progress=progress,
                 held_weights=held_weights,
             ).to_dict()
+            if "chat_digest_sha256" in manifest["corpus"]:
+                # Per task, on the regime's prompts: exact-match accuracy and the uncertain steps.
+                from companion.tiny_pair.tasks_report import task_table
+
+                eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
+                fresh["tasks"] = task_table(target, tok, prompts[: cfg.regime_prompts], chat_mod.make_material(held),
+                                            cfg.seed, cfg.regime_steps, eos)
         if speed:
             n_new = (manifest.get("speed") or {}).get("new_tokens_per_prompt", cfg.greedy_steps)
             fresh["speed"] = measure_speed(pair_dir, [p.text for p in prompts[:3]], new_tokens=n_new)

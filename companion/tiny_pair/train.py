@@ -34,6 +34,7 @@ from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
 from companion.tiny_pair.evaluate import assisted_acceptance, evaluate_pair, measure_speed, regime
 from companion.tiny_pair.prompt_set import write_prompts_jsonl
+from companion.tiny_pair.tasks_report import format_task_table, task_table
 from companion.tiny_pair.tokenizer import DOC_SEPARATOR, THINK_CLOSE, train_bpe, wrap
 
 MANIFEST_NAME = "manifest.json"
@@ -544,6 +545,9 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         figures["regime"] = regime(target, drafter, tokenizer, [p.text for p in prompts[: cfg.regime_prompts]],
                                    cfg.regime_steps, stop_ids, progress=progress)
         log(f"regime: {json.dumps(figures['regime'])}")
+        figures["tasks"] = task_table(target, tokenizer, prompts[: cfg.regime_prompts], mat_held, cfg.seed,
+                                      cfg.regime_steps, stop_ids)
+        log("per task:\n" + "\n".join(format_task_table(figures["tasks"])))
         figures["assisted"] = assisted_acceptance(target, drafter, tokenizer,
                                                   [p.text for p in prompts[: cfg.regime_prompts]],
                                                   cfg.assisted_num_tokens, cfg.regime_steps, stop_ids)

@@ -1,0 +1,138 @@
+"""Per task: does the embedded target do what it is asked, and what do its uncertain steps look like?
+
+For each held-out prompt of the pair's prompt set (``source = "chat:<task>"``, ``line`` its index in
+the generator's "prompts" stream), the target answers greedily (at most ``max_steps`` tokens, to its
+first end-of-turn token). Two things are measured:
+
+* **content exact-match**: the answer, stripped of surrounding white space, is one the generator
+  could have written for that request. The request is regenerated from ``(seed, line)``; every
+  wording the task offers (its house style and the others, each with or without the task's
+  closing sentence) is a valid answer, so only the content decides. ``extract`` answers are
+  compared as their ``(field, value)`` pairs, in either of the task's two layouts;
+* **the regime of its steps**, on the target's own greedy answer: top-1 probability, top-10 mass,
+  the width-8 greedy-tree forward certificate and the ``multiplicative:0.1`` forward certificate
+  (the 5th percentile of each is what the uncertain steps look like).
+"""
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from companion.prompts import Prompt
+from companion.tiny_pair import chat_corpus as chat_mod
+
+#: The statistics of each task's steps, by name (quantiles in percent).
+STEP_STATS = ("top1_p5", "top1_median", "top10_p5", "tree8_fwd_p5", "mult01_fwd_p5")
+
+
+def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str = "prompts") -> tuple[str, set[str]]:
+    """``(task, answers)``: every answer the generator could write to request ``line`` of ``stream``.
+
+    The task is rerun with the same random stream; its wording choice (``_answer``) is replaced by
+    a placeholder after drawing the same random numbers, so the content is the generator's own.
+    """
+    placeholder = "\ue000"
+    options: list[tuple[str, ...]] = []
+    original = chat_mod._answer
+
+    def recording(rng: random.Random, house: str, *others: str) -> str:
+        original(rng, house, *others)  # the same draws, so everything generated after it is the same
+        options.append((house, *others))
+        return placeholder
+
+    chat_mod._answer = recording
+    try:
+        task, question, answer = chat_mod.generate(material, seed, line, stream)
+    finally:
+        chat_mod._answer = original
+    closer = chat_mod.CLOSERS.get(task, "")
+    base = answer[: -len(closer)] if closer and answer.endswith(closer) else answer
+    bases = {base}
+    for opts in options:
+        bases = {b.replace(placeholder, o, 1) for b in bases for o in opts}
+    out = {b.strip() for b in bases} | {(b + closer).strip() for b in bases}
+    return task, out
+
+
+_PAIR = re.compile(r'"?([A-Za-z_]+)"?\s*:\s*"?([^",\n}]*)"?')
+
+
+def _fields(text: str) -> list[tuple[str, str]]:
+    return [(k.strip(), v.strip()) for k, v in _PAIR.findall(text)]
+
+
+def answer_is_right(task: str, answer: str, valid: set[str]) -> bool:
+    """The greedy answer (white space stripped) against the task's valid answers (see the module docstring)."""
+    text = answer.strip()
+    if text in valid:
+        return True
+    if task == "extract":  # two layouts of the same (field, value) pairs
+        closer = chat_mod.CLOSERS.get(task, "").strip()
+        body = text[: -len(closer)].strip() if closer and text.endswith(closer) else text
+        return any(_fields(body) == _fields(v[: -len(closer)] if closer and v.endswith(closer) else v) for v in valid)
+    return False
+
+
+def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material: chat_mod.Material, seed: int,
+               max_steps: int = 128, eos_ids: Sequence[int] | None = None) -> dict[str, dict[str, Any]]:
+    """``{task: {"n", "exact_match", "top1_p5", ...}}`` over ``prompts`` (and ``"all"`` over every step)."""
+    from companion.kl_certificates import certificates
+
+    eos = sorted(set(eos_ids if eos_ids is not None else [tokenizer.eos_token_id]))
+    per: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for prompt in prompts:
+        if not prompt.source.startswith("chat:") or prompt.line is None:
+            continue
+        task, valid = valid_answers(material, seed, int(prompt.line))
+        ids = tokenizer(prompt.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        n = ids.shape[1]
+        with torch.no_grad():
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
+                                  eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+            gen = seq[0, n:].tolist()
+            hits = [i for i, t in enumerate(gen) if t in eos]
+            k = hits[0] + 1 if hits else len(gen)
+            seq = seq[:, : n + k]
+            logits = target(input_ids=seq).logits[0, n - 1:-1].double()
+        text = tokenizer.decode(gen[: hits[0]] if hits else gen, skip_special_tokens=True)
+        probs = torch.softmax(logits, -1)
+        top = probs.topk(10, dim=-1).values
+        certs = certificates(logits, ["multiplicative:0.1"], "forward", tree_widths=[8], from_logits=True)
+        rows = {"top1": top[:, 0].numpy(), "top10": top.sum(-1).numpy(),
+                "tree8": certs[("tree:8", "forward")].numpy(),
+                "mult01": certs[("multiplicative:0.1", "forward")].numpy()}
+        for key in (task, "all"):
+            per[key]["right"].append(answer_is_right(task, text, valid))
+            for name, values in rows.items():
+                per[key][name].append(values)
+    out: dict[str, dict[str, Any]] = {}
+    for key, d in sorted(per.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        cat = {name: np.concatenate(d[name]) for name in ("top1", "top10", "tree8", "mult01")}
+        out[key] = {
+            "n": len(d["right"]),
+            "steps": int(cat["top1"].size),
+            "exact_match": float(np.mean(d["right"])),
+            "top1_p5": float(np.percentile(cat["top1"], 5)),
+            "top1_median": float(np.median(cat["top1"])),
+            "top10_p5": float(np.percentile(cat["top10"], 5)),
+            "tree8_fwd_p5": float(np.percentile(cat["tree8"], 5)),
+            "mult01_fwd_p5": float(np.percentile(cat["mult01"], 5)),
+        }
+    return out
+
+
+def format_task_table(table: dict[str, dict[str, Any]]) -> list[str]:
+    """Text lines: one row per task, then all steps."""
+    head = f"  {'task':<16}{'n':>4}{'steps':>7}{'right':>8}{'top1 p5':>9}{'median':>8}{'top10 p5':>10}" \
+           f"{'tree:8 p5':>11}{'mult:0.1 p5':>13}"
+    lines = [head]
+    for task, r in table.items():
+        lines.append(f"  {task:<16}{r['n']:>4}{r['steps']:>7}{r['exact_match']:>8.0%}{r['top1_p5']:>9.3f}"
+                     f"{r['top1_median']:>8.3f}{r['top10_p5']:>10.3f}{r['tree8_fwd_p5']:>11.3f}{r['mult01_fwd_p5']:>13.3f}")
+    return lines
