@@ -262,6 +262,12 @@ def test_parallel_run_records_the_same_as_one_at_a_time(make_project, monkeypatc
     reproduce(layout, "cpu", jobs=3, build=False, log=messages.append)
     assert "running 3 chapters at a time (one thread each)" in messages
     parallel = load_record(layout.record)
+    for run in parallel.chapters.values():
+        assert run.jobs == 3 and 1 <= len(run.slowest_cells) <= 3, run
+        assert run.slowest_cells[0]["seconds"] >= run.slowest_cells[-1]["seconds"]
+        assert run.slowest_cells[0]["source"] and not run.slowest_cells[0]["source"].startswith("#")
+    status = render_status_markdown(parallel, [(n, "", None) for n in parallel.chapters])
+    assert "Chapters ran up to 3 at a time" in status and "### Where the time goes" in status
     outputs = {n: "".join(o.get("text", "") for c in nbformat.read(layout.executed / f"{n}.ipynb", as_version=4).cells
                           for o in c.get("outputs", [])) for n in ("01_a", "02_b", "03_c")}
     assert all("threads 1" in text for text in outputs.values()), outputs

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -113,6 +114,34 @@ def strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+@dataclass(frozen=True)
+class ExecutedChapter:
+    """What one successful execution gives back: its wall time, the figure files it wrote and
+    its slowest cells (:func:`slowest_cells`)."""
+
+    seconds: float
+    figures: list[Path]
+    slowest_cells: list[dict[str, Any]]
+
+
+def slowest_cells(notebook: Path, n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` code cells of an executed notebook that took longest (papermill records each
+    cell's duration): ``{"cell": index in the notebook, "seconds", "source": its first code line}``."""
+    try:
+        cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return []
+    timed = []
+    for i, cell in enumerate(cells):
+        duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell.get("cell_type") != "code" or not isinstance(duration, (int, float)):
+            continue
+        source = "".join(cell.get("source", []))
+        first = next((ln.strip() for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+        timed.append({"cell": i, "seconds": round(float(duration), 2), "source": first})
+    return sorted(timed, key=lambda c: -c["seconds"])[:n]
+
+
 def execute_chapter(
     chapter: Chapter,
     params: dict[str, Any],
@@ -122,8 +151,8 @@ def execute_chapter(
     show_cells: bool = False,
     cell_timeout: int | None = None,
     threads: int | None = None,
-) -> tuple[float, list[Path]]:
-    """Run one notebook with papermill; return its wall time and the figure files it wrote.
+) -> ExecutedChapter:
+    """Run one notebook with papermill; return its wall time, the figure files it wrote and its slowest cells.
 
     ``threads``: the kernel's thread-pool size (``OMP_NUM_THREADS``; None leaves torch's default).
 
@@ -167,9 +196,10 @@ def execute_chapter(
                 kept = f" (partial notebook: {(layout.failed / out.name).relative_to(layout.root)})"
             raise RunFailure(f"notebook {chapter.name} failed: {_error_summary(err)}{kept}") from err
     seconds = time.perf_counter() - start
+    slowest = slowest_cells(out)
     layout.executed.mkdir(parents=True, exist_ok=True)
     os.replace(out, layout.executed / out.name)
     stale_failure = layout.failed / out.name
     if stale_failure.exists():
         stale_failure.unlink()
-    return seconds, sorted(p for p in figures.iterdir() if not p.name.startswith("."))
+    return ExecutedChapter(seconds, sorted(p for p in figures.iterdir() if not p.name.startswith(".")), slowest)

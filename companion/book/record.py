@@ -37,6 +37,8 @@ class ChapterExecution:
     torch: str | None = None
     commit: str | None = None         # short git commit of the tree, "+dirty" if modified
     harvest: str | None = None        # the traces analysed, from their manifest (traces_dir given)
+    slowest_cells: list[dict[str, Any]] = field(default_factory=list)  # {"cell", "seconds", "source"}
+    jobs: int = 1                     # chapters executing at once in that run (one thread each when > 1)
 
     @property
     def preset(self) -> str | None:
@@ -95,6 +97,12 @@ def save_record(record: RunRecord, path: Path) -> None:
 def _cell(text: str) -> str:
     """Escape text for a Markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(source: str) -> str:
+    """A cell's first line for a table cell inside backticks: no pipes, no backticks, short."""
+    text = source.replace("`", "'").replace("|", "/")
+    return text if len(text) <= 48 else text[:47] + "…"
 
 
 def _duration(seconds: float) -> str:
@@ -220,6 +228,10 @@ def render_status_markdown(
             f"{len(runs)} of {len(chapters)} chapters executed; total execution time "
             f"{_duration(total)}; latest run started {last}."
         )
+        parallel = max(r.jobs for r in runs)
+        if parallel > 1:
+            lines.append(f" Chapters ran up to {parallel} at a time, one thread each, so the wall time of a "
+                         "run was shorter than this total.")
         if commits:
             lines.append(" Source commit(s): " + ", ".join(f"`{c}`" for c in commits) + ".")
         paper = sorted({f"{r.chapter} (`{r.preset}`)" for r in runs if (r.preset or "").startswith("paper-")})
@@ -253,6 +265,22 @@ def render_status_markdown(
                      + " |")
         setup_rows.append("| " + " | ".join(_cell(x) for x in (title, _models(run) or "(none)", _parameters(run))) + " |")
     lines.append("")
+    cell_rows = []
+    for name, link, _ in chapters:
+        run = record.chapters.get(name)
+        if run is None or not run.slowest_cells:
+            continue
+        title = f"[{name}]({link})" if link else name
+        cells = "; ".join(f"cell {c['cell']}: {_duration(float(c['seconds']))}, `{_code(c['source'])}`"
+                          for c in run.slowest_cells)
+        cell_rows.append(f"| {_cell(title)} | {cells} |")
+    if cell_rows:
+        lines.append("### Where the time goes\n")
+        lines.append("The slowest cells of each chapter's latest run (cells numbered from 0 in the notebook).\n")
+        lines.append("| Chapter | Slowest cells |")
+        lines.append("|---|---|")
+        lines.extend(cell_rows)
+        lines.append("")
     if setup_rows:
         lines.append("### Models and parameters\n")
         lines.append("| Chapter | Preset and models | Parameters |")

@@ -18,7 +18,15 @@ from companion.book.record import (
     load_record,
     save_record,
 )
-from companion.book.execute import file_sha256, _utc_now, execute_chapter, git_commit, torch_version, write_kernelspec
+from companion.book.execute import (
+    ExecutedChapter,
+    _utc_now,
+    execute_chapter,
+    file_sha256,
+    git_commit,
+    torch_version,
+    write_kernelspec,
+)
 from companion.book.figure_files import publish_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, ReproduceError, RunFailure
 from companion.book.parameters import describe_device, load_profile, notebook_parameters, plan_parameters
@@ -65,7 +73,7 @@ def default_jobs(devices: list[str | None]) -> int:
 
 
 def _run_one(chapter: Chapter, params: dict[str, Any], layout: Layout, work: Path, show_cells: bool,
-             cell_timeout: int | None, threads: int | None) -> tuple[float, list[Path]]:
+             cell_timeout: int | None, threads: int | None) -> ExecutedChapter:
     """:func:`execute_chapter` in a worker process (a top-level function, so that it pickles)."""
     return execute_chapter(chapter, params, layout, work, show_cells=show_cells, cell_timeout=cell_timeout,
                            threads=threads)
@@ -126,16 +134,17 @@ def reproduce(
     order = {c.name: i for i, c in enumerate(runnable, 1)}
     n = len(runnable)
 
-    def finished(chapter: Chapter, params: dict[str, Any], started: str, result: tuple[float, list[Path]]) -> None:
-        seconds, files = result
+    def finished(chapter: Chapter, params: dict[str, Any], started: str, result: ExecutedChapter) -> None:
+        seconds = result.seconds
         device, device_name = devices[chapter.name]
-        names = publish_figures(chapter.name, files, record, layout.figures)
+        names = publish_figures(chapter.name, result.figures, record, layout.figures)
         record.chapters[chapter.name] = ChapterExecution(
             chapter=chapter.name, source=str(chapter.path.relative_to(layout.root)),
             source_sha256=file_sha256(chapter.path), profile=profile.name, parameters=params,
             device=device, device_name=device_name, started=started, seconds=round(seconds, 2),
             figures=names, python=python, torch=torch, commit=commit,
             harvest=harvest_description(params.get("traces_dir")),
+            slowest_cells=result.slowest_cells, jobs=jobs,
         )
         save_record(record, layout.record)
         log(f"[{order[chapter.name]}/{n}] {chapter.name}: ok in {seconds:.1f} s, {len(names)} figure(s)")
