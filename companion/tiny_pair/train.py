@@ -418,32 +418,27 @@ def _chat_stream_windows(cfg: TrainConfig, tokenizer: PreTrainedTokenizerFast, c
     return torch.cat([chat_w, nat_w[pick.sort().values]]), int(chat_stream.numel()), int(nat_stream.numel())
 
 
-def repetition_windows(tokenizer: PreTrainedTokenizerFast, n_windows: int, seq_len: int, seed: int) -> torch.Tensor:
-    """``[n_windows, 2, seq_len]`` windows (ids, weights) of the copy curriculum: each holds sequences
-    of 6 to 24 random words from the chat corpus's pools, each written twice (``a b c\na b c\n\n``),
-    loss on the second copy only. The first copy is unpredictable; the second rewards attending to
-    where the current word last occurred and copying what followed it (induction-style copying,
-    :mod:`companion.tiny_pair.copy_probe`)."""
-    pool = sorted({w for words in chat_mod.POOLS.values() for w in words} | set(chat_mod.WEEKDAYS)
-                  | set(chat_mod.MONTHS))
+def repetition_windows(tokenizer: PreTrainedTokenizerFast, n_windows: int, seq_len: int, seed: int,
+                       length: int = 16, words: int = 512) -> torch.Tensor:
+    """``[n_windows, 2, seq_len]`` windows (ids, weights) of the copy curriculum: back-to-back
+    sequences of ``length`` random tokens (drawn from ``words`` ordinary tokens of the vocabulary),
+    each written twice, ``w_1 .. w_n \n w_1 .. w_n \n``, loss on every token. The first copy is
+    unpredictable; the second rewards attending to where the current token last occurred and
+    copying what followed it (induction-style copying). With ``length = 16`` and short windows
+    this is the setting of :mod:`companion.tiny_pair.copy_probe`, where copying forms within
+    ~150 steps of batch 32."""
     rng = torch.Generator().manual_seed(seed)
-    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
-    ids_rows, w_rows = [], []
-    for _ in range(n_windows):
-        ids: list[int] = []
-        weights: list[int] = []
-        while len(ids) < seq_len:
-            n = int(torch.randint(6, 25, (1,), generator=rng))
-            words = [pool[int(i)] for i in torch.randint(len(pool), (n,), generator=rng)]
-            text = " ".join(words)
-            enc = tokenizer(text, add_special_tokens=False)["input_ids"]
-            ids += enc + newline
-            weights += [0] * (len(enc) + len(newline))
-            ids += enc + newline + newline
-            weights += [1] * (len(enc) + 2 * len(newline))
-        ids_rows.append(ids[:seq_len])
-        w_rows.append(weights[:seq_len])
-    return torch.stack([torch.tensor(ids_rows, dtype=torch.long), torch.tensor(w_rows, dtype=torch.long)], 1)
+    special = set(tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(tokenizer)) if i not in special]
+    pick = torch.randperm(len(ordinary), generator=rng)[:words]
+    vocab = torch.tensor(ordinary)[pick]
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"][-1]
+    per = 2 * (length + 1)
+    n_seq = -(-seq_len // per)
+    seqs = vocab[torch.randint(len(vocab), (n_windows, n_seq, length), generator=rng)]
+    nl = torch.full((n_windows, n_seq, 1), newline, dtype=torch.long)
+    ids = torch.cat([seqs, nl, seqs, nl], 2).reshape(n_windows, -1)[:, :seq_len]
+    return torch.stack([ids, torch.ones_like(ids)], 1)
 
 
 def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | None, log,
@@ -495,12 +490,12 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
                 stage_windows = torch.cat([train_windows,
                                            repetition_windows(tokenizer, n_rep, cfg.seq_len, cfg.seed + 3)])
             if cfg.copy_warmup_steps > 0:
-                warm = StageSpec(steps=cfg.copy_warmup_steps, batch_size=cfg.target_stage.batch_size, lr=1e-3,
-                                 warmup_steps=30, min_lr_ratio=1.0)
-                rep = repetition_windows(tokenizer, warm.steps * warm.batch_size, cfg.seq_len, cfg.seed + 4)  # each seen once
+                # short windows of one repeated sequence, batch 32: the probe's setting
+                warm = StageSpec(steps=cfg.copy_warmup_steps, batch_size=32, lr=1e-3, warmup_steps=30, min_lr_ratio=1.0)
+                rep = repetition_windows(tokenizer, warm.steps * warm.batch_size, 34, cfg.seed + 4)  # each seen once
                 copy_log = _run_stage(target, rep, warm, torch.Generator().manual_seed(cfg.seed + 4), lm_loss,
                                       "target (copy curriculum)", progress, checkpoint=ckpt("copy"))
-                log(f"copy curriculum: loss on second copies {copy_log.summary()['first_loss_mean']} -> "
+                log(f"copy curriculum: loss on repeated sequences {copy_log.summary()['first_loss_mean']} -> "
                     f"{copy_log.summary()['last_loss_mean']} in {copy_log.seconds:.0f}s")
             gen = torch.Generator().manual_seed(cfg.seed)
             target_log: StageLog | None = _run_stage(target, stage_windows, cfg.target_stage, gen, lm_loss, "target",
