@@ -185,3 +185,14 @@ def test_valid_answers_hold_the_generators_answer_in_every_wording(material: cc.
     braces = "{" + ", ".join(f'"{k}": "{v}"' for k, v in pairs) + "}"
     assert answer_is_right("extract", lines, valid) and answer_is_right("extract", braces, valid)
     assert not answer_is_right("extract", lines.replace(pairs[0][1], pairs[0][1] + "x"), valid)
+
+
+def test_pair_task_table_refuses_another_standard_library(monkeypatch) -> None:
+    """The requests are regenerated from the interpreter's standard library: on another one the
+    table is not computed (None), rather than scored against different requests."""
+    from companion.assets import DEFAULT_PAIR_DIR
+    from companion.tiny_pair import tasks_report
+
+    assert tasks_report.COPY_TASKS <= set(cc.TASKS)
+    monkeypatch.setattr(corpus_mod, "corpus_digest", lambda files: "0" * 64)
+    assert tasks_report.pair_task_table(DEFAULT_PAIR_DIR, n_prompts=2) is None

@@ -27,6 +27,11 @@ import torch
 from companion.prompts import Prompt
 from companion.tiny_pair import chat_corpus as chat_mod
 
+#: Tasks whose answer carries items of the request into the answer (repeats, reorders, reformats or
+#: looks them up): they need copying from the prompt, not only memorised facts or a template.
+COPY_TASKS = frozenset({"upper", "lower", "reverse", "sort", "number", "lookup", "extract", "to_json", "table",
+                        "filter", "acronym"})
+
 #: The statistics of each task's steps, by name (quantiles in percent).
 STEP_STATS = ("top1_p5", "top1_median", "top10_p5", "tree8_fwd_p5", "mult01_fwd_p5")
 
@@ -80,8 +85,11 @@ def answer_is_right(task: str, answer: str, valid: set[str]) -> bool:
 
 
 def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material: chat_mod.Material, seed: int,
-               max_steps: int = 128, eos_ids: Sequence[int] | None = None) -> dict[str, dict[str, Any]]:
-    """``{task: {"n", "exact_match", "top1_p5", ...}}`` over ``prompts`` (and ``"all"`` over every step)."""
+               max_steps: int = 128, eos_ids: Sequence[int] | None = None,
+               answers: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """``{task: {"n", "exact_match", "top1_p5", ...}}`` over ``prompts`` (and ``"all"`` over every step).
+
+    ``answers``: if given, one ``{"task", "request", "answer", "right"}`` per prompt is appended to it."""
     from companion.kl_certificates import certificates
 
     eos = sorted(set(eos_ids if eos_ids is not None else [tokenizer.eos_token_id]))
@@ -107,8 +115,11 @@ def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material:
         rows = {"top1": top[:, 0].numpy(), "top10": top.sum(-1).numpy(),
                 "tree8": certs[("tree:8", "forward")].numpy(),
                 "mult01": certs[("multiplicative:0.1", "forward")].numpy()}
+        right = answer_is_right(task, text, valid)
+        if answers is not None:
+            answers.append({"task": task, "request": _request(prompt.text), "answer": text.strip(), "right": right})
         for key in (task, "all"):
-            per[key]["right"].append(answer_is_right(task, text, valid))
+            per[key]["right"].append(right)
             for name, values in rows.items():
                 per[key][name].append(values)
     out: dict[str, dict[str, Any]] = {}
@@ -136,3 +147,41 @@ def format_task_table(table: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"  {task:<16}{r['n']:>4}{r['steps']:>7}{r['exact_match']:>8.0%}{r['top1_p5']:>9.3f}"
                      f"{r['top1_median']:>8.3f}{r['top10_p5']:>10.3f}{r['tree8_fwd_p5']:>11.3f}{r['mult01_fwd_p5']:>13.3f}")
     return lines
+
+
+def _request(templated: str) -> str:
+    """The user's words of a templated prompt (between the user header and the end of the turn)."""
+    head = f"{chat_mod.IM_START}user\n"
+    body = templated[len(head):] if templated.startswith(head) else templated
+    return body.split(chat_mod.IM_END, 1)[0]
+
+
+def pair_task_table(pair_dir: Any, n_prompts: int | None = None,
+                    answers: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]] | None:
+    """:func:`task_table` of a saved pair on the first ``n_prompts`` of its prompt set (default: the
+    regime's), or None when this interpreter's standard library is not the pair's training
+    corpus (the requests, some of whose items come from it, could not be regenerated exactly)."""
+    from pathlib import Path
+
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+    from companion.tiny_pair import corpus as corpus_mod
+    from companion.tiny_pair.config import TrainConfig
+    from companion.tiny_pair.report import read_pair_manifest
+    from companion.tiny_pair.train import torch_threads
+
+    pair_dir = Path(pair_dir)
+    manifest = read_pair_manifest(pair_dir)
+    cfg = TrainConfig.from_dict(manifest["config"])
+    files = corpus_mod.load_corpus(max_files=cfg.max_files)
+    if corpus_mod.corpus_digest(files) != manifest["corpus"]["digest_sha256"]:
+        return None
+    _, held = corpus_mod.split_corpus(files)
+    target, _, tok = load_pair(pair_dir / "target", False, device="cpu", dtype=torch.float32)
+    prompts = load_prompts(pair_dir / "prompts.jsonl")[: n_prompts or cfg.regime_prompts]
+    eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
+    # the pair's own thread count (one): a model this small only loses from a second thread, and
+    # a lot when another process holds the other core
+    with torch_threads(cfg.num_threads):
+        return task_table(target, tok, prompts, chat_mod.make_material(held), cfg.seed, cfg.regime_steps, eos,
+                          answers)
