@@ -47,8 +47,21 @@ copying forms abruptly and early once sequences are short and the batch holds ma
 the earlier probe (long windows, few sequences per step) had seen no drop in 400 steps, and
 neither did a first warm-up here on windows of 256 tokens of repeated multi-token words (batch 8;
 second-copy loss 4.97 -> 4.62 in 250 steps). ``copy_warmup_steps`` therefore uses the probe's
-setting (34-token windows, batch 32), and ``copy_share`` keeps repeated sequences in the chat
-stage so that the skill is not forgotten.
+setting (34-token windows, batch 32), and ``copy_share`` mixes repeated sequences into the chat
+stage.
+
+A trial build with both (``--set copy_warmup_steps=300 --set copy_share=0.1``, otherwise the
+default recipe; 2026-12-01, stopped after the target stage) did not get there. The warm-up formed
+copying (loss on the repeated sequences 7.33 -> 2.87 in 300 steps, 205 s: the second copy near 0),
+but the chat stage undid it: at its end the target's loss on a second copy of 16 random tokens was
+8.94 nats against 9.97 on the first (the committed target: 10.34 and 10.46), and its answers were
+right on 8 % of the 64 regime requests (committed pair: 11 %), 0 % on every copy task, with the
+top-10 mass at the 5th percentile 0.228 (committed: 0.243). A tenth of the chat stage's windows
+(256 tokens, batch 8) holding repeated sequences is not enough to keep the skill: in windows of
+that size it forms slowly or not at all (above), and the chat stage starts with a fresh optimiser
+at 3e-3. Untried: the warm-up's short windows interleaved in every chat batch, a lower chat
+learning rate after the warm-up, and answers that need no copying with deliberate ambiguity
+(the issue's second way).
 """
 from __future__ import annotations
 
