@@ -41,6 +41,19 @@ def write_notebook(path: Path, parameters: str, *cells: str, title: str | None =
     return path
 
 
+# The longest test files, longest first (measured with --durations): pytest-xdist hands out whole
+# files in collection order, so starting these first keeps one long file from running alone at
+# the end while the other worker idles.
+LONGEST_FILES = ("test_book_browser.py", "test_harvest.py", "test_drafter_side.py", "test_certificates_oracle.py",
+                 "test_reproduce.py", "test_paper_rehearsal.py", "test_peaked_rows.py",
+                 "test_certificate_properties.py", "test_speculative.py", "test_tiny_pair.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within files kept
+
+
 @pytest.fixture
 def make_project(tmp_path: Path) -> Callable[..., Path]:
     """Build a small book project in a temporary directory with the real _config.yml, book/
