@@ -248,6 +248,9 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
     if not splits and (entropy_rows is None or not bool(entropy_rows.any())):
         return {}
     with_ent = entropy_rows is not None and bool(entropy_rows.any())
+    # One work buffer for the entropy's log, reused by every tile (a fresh tile-sized temporary
+    # per tile would be new pages from the OS each time).
+    buf: list[Tensor] = []
 
     def tile(rows: Tensor, *args: Tensor) -> Tensor:
         if with_ent:
@@ -263,8 +266,10 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
         if with_ent:
             ent = torch.full_like(want, torch.nan, dtype=torch.float64)
             sel = torch.nonzero(want).squeeze(1)
-            if sel.numel() == rows.shape[0]:
-                ent = _neg_xlogx_sum(rows)
+            if sel.numel() == rows.shape[0] and rows.dtype in (torch.float32, torch.float64):
+                if not buf or buf[0].shape[0] < rows.shape[0] or buf[0].dtype != rows.dtype:
+                    buf[:] = [torch.empty_like(rows)]
+                ent = _neg_xlogx_sum(rows, out=buf[0][: rows.shape[0]])
             elif sel.numel():
                 ent = ent.index_copy(0, sel, _neg_xlogx_sum(rows.index_select(0, sel)))
             cols.append(ent)
@@ -279,14 +284,16 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
     return sums
 
 
-def _neg_xlogx_sum(rows: Tensor) -> Tensor:
-    """``-sum_i x_i log x_i`` of each row of probabilities (unnormalised), float64: see :func:`entropy_of_rows`."""
+def _neg_xlogx_sum(rows: Tensor, out: Tensor | None = None) -> Tensor:
+    """``-sum_i x_i log x_i`` of each row of probabilities (unnormalised), float64: see :func:`entropy_of_rows`.
+    ``out``: a work buffer of the rows' shape and dtype (float32/float64 rows) to compute in."""
     work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
     # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
     # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
     # ~1e-7, a float64 sum costs a softmax more.
     tiny = torch.finfo(work.dtype).tiny
-    return -work.clamp(min=tiny).log_().mul_(work).sum(-1).to(torch.float64)
+    clamped = work.clamp(min=tiny) if out is None else torch.clamp(work, min=tiny, out=out)
+    return -clamped.log_().mul_(work).sum(-1).to(torch.float64)
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
