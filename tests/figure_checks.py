@@ -89,3 +89,21 @@ def too_small_when_shown(fig: Figure, min_pt: float | None = None) -> list[tuple
 
     floor = MIN_DISPLAY_PT if min_pt is None else min_pt
     return [(s, round(pt, 2)) for s, pt in displayed_sizes(fig) if pt < floor]
+
+
+def assert_panels_clear(name: str, fig: Figure, *, figure_legends: bool = False) -> None:
+    """No panel (ticks, labels, title) runs into another (or, with ``figure_legends``, into a figure
+    legend), every one lies inside the figure, and text written on a panel stays clear of its legend."""
+    drawn(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
+    if figure_legends:
+        boxes += [leg.get_window_extent(renderer) for leg in fig.legends]
+    assert not overlapping(boxes, pad=1.0), name
+    assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        notes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
+        if legend is not None and notes:
+            assert not [ij for ij in overlapping([legend.get_window_extent(renderer)] + notes) if ij[0] == 0], \
+                (name, [t.get_text() for t in ax.texts])

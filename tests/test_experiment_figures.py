@@ -154,7 +154,7 @@ def test_round_lengths(tr):
 
 from companion.figures import palette as P  # noqa: E402
 from companion.figures import theory as T  # noqa: E402
-from tests.figure_checks import drawn, extent, inside, overlapping, small_texts, too_small_when_shown  # noqa: E402
+from tests.figure_checks import assert_panels_clear, drawn, extent, overlapping, small_texts, too_small_when_shown  # noqa: E402
 
 
 def _all_figures(tr) -> dict[str, Figure]:
@@ -186,18 +186,7 @@ def test_experiment_panels_and_legends_do_not_overlap(figs):
     """No panel (ticks, labels, title) runs into another or into a figure legend, and none is
     cut off at the figure's edge."""
     for name, fig in figs.items():
-        drawn(fig)
-        renderer = fig.canvas.get_renderer()
-        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
-        boxes += [leg.get_window_extent(renderer) for leg in fig.legends]
-        assert not overlapping(boxes, pad=1.0), name
-        assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
-        for ax in fig.axes:  # labels written on a panel stay clear of its legend
-            legend = ax.get_legend()
-            notes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
-            if legend is not None and notes:
-                assert not [ij for ij in overlapping([legend.get_window_extent(renderer)] + notes) if ij[0] == 0], \
-                    (name, [t.get_text() for t in ax.texts])
+        assert_panels_clear(name, fig, figure_legends=True)
 
 
 def test_tree_widths_have_one_colour_across_the_book(tr):

@@ -165,6 +165,7 @@ def test_stochastic_contrast_worst_case_paths():
 from companion.bounds import additive_floor, multiplicative_floor  # noqa: E402
 from companion.figures import palette as P  # noqa: E402
 from tests.figure_checks import (  # noqa: E402
+    assert_panels_clear,
     drawn,
     extent,
     inside,
@@ -210,17 +211,7 @@ def test_theory_panels_do_not_overlap(theory_figs):
     """Stacked or side by side, no panel (with its tick labels, axis labels and title) runs
     into another, and every one lies inside the saved figure."""
     for name, fig in theory_figs.items():
-        drawn(fig)
-        renderer = fig.canvas.get_renderer()
-        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.get_visible()]
-        assert not overlapping(boxes, pad=1.0), name
-        assert all(inside(b, fig.bbox, tol=2.0) for b in boxes), name
-        for ax in fig.axes:  # labels written on a panel stay clear of its legend
-            legend = ax.get_legend()
-            notes = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
-            if legend is not None and notes:
-                assert not [ij for ij in overlapping([legend.get_window_extent(renderer)] + notes) if ij[0] == 0], \
-                    (name, [t.get_text() for t in ax.texts])
+        assert_panels_clear(name, fig)
 
 
 def _legend_texts(fig: Figure) -> list[str]:
