@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from companion.prompts import Prompt
+from companion.tiny_pair.config import TASK_SETS
 from companion.tiny_pair.corpus import SourceFile
 from companion.tiny_pair.tokenizer import IM_END, IM_START, THINK_CLOSE, THINK_OPEN
 
@@ -178,12 +179,18 @@ def _pick(rng: random.Random, *options: str) -> str:
 HOUSE_STYLE_SHARE = 0.85
 
 
-def _answer(rng: random.Random, house: str, *others: str) -> str:
+def _answer(rng: random.Random, house: str, *others: str, weights: Sequence[float] | None = None) -> str:
     """An answer's wording: like a chat model, one house style per task (``house``), other wordings now and then.
 
     The variety lives in the questions; a fixed answer style is what makes most of an answer's
-    steps predictable from the request, as they are for a chat LLM.
+    steps predictable from the request, as they are for a chat LLM. With ``weights`` (one per
+    option, ``house`` first) the choice is drawn with those weights instead: the "closed" task
+    set's deliberate alternatives (:mod:`companion.tiny_pair.closed_tasks`).
     """
+    if weights is not None:
+        if len(weights) != 1 + len(others):
+            raise ValueError(f"{len(weights)} weights for {1 + len(others)} options")
+        return rng.choices((house, *others), weights=weights)[0]
     if not others or rng.random() < HOUSE_STYLE_SHARE:
         return house
     return rng.choice(others)
@@ -423,28 +430,57 @@ def make_material(files: Sequence[SourceFile]) -> Material:
     return Material(tuple(units), tuple(idents), documented)
 
 
-def generate(material: Material, seed: int, index: int, stream: str = "train") -> tuple[str, str, str]:
+def tasks_of(task_set: str) -> dict[str, tuple[Task, float]]:
+    """The task table of ``task_set``: "mixed" (:data:`TASKS`: copying, facts and open-ended requests) or
+    "closed" (:data:`companion.tiny_pair.closed_tasks.CLOSED_TASKS`: facts and closed-set rules, with
+    deliberate alternatives)."""
+    if task_set == "mixed":
+        return TASKS
+    if task_set == "closed":
+        from companion.tiny_pair.closed_tasks import CLOSED_TASKS
+
+        return CLOSED_TASKS
+    raise ValueError(f"unknown chat task set {task_set!r}; expected one of {', '.join(TASK_SETS)}")
+
+
+def closer_of(task_set: str, task: str) -> str:
+    """The fixed closing sentence that "mixed" appends to a task's house-style answers ("" for "closed",
+    whose closings are alternatives drawn like the rest of its answer)."""
+    return CLOSERS.get(task, "") if task_set == "mixed" else ""
+
+
+def generate(material: Material, seed: int, index: int, stream: str = "train",
+             task_set: str = "mixed") -> tuple[str, str, str]:
     """``(task name, question, answer)`` of conversation ``index`` of ``stream`` under ``seed`` (a pure function).
 
     ``stream`` names an independent sequence ("train", "eval", "prompts"): the random generator is
-    seeded with the string ``f"chat:{stream}:{seed}:{index}"``.
+    seeded with the string ``f"chat:{stream}:{seed}:{index}"`` ("mixed") or
+    ``f"chat:{task_set}:{stream}:{seed}:{index}"`` (any other set).
     """
-    rng = random.Random(f"chat:{stream}:{seed}:{index}")
-    names = list(TASKS)
-    name = rng.choices(names, weights=[TASKS[n][1] for n in names])[0]
-    q, a = TASKS[name][0](rng, material)
-    if rng.random() < HOUSE_STYLE_SHARE:
-        a += CLOSERS.get(name, "")
+    tasks = tasks_of(task_set)
+    key = f"{stream}:{seed}:{index}" if task_set == "mixed" else f"{task_set}:{stream}:{seed}:{index}"
+    rng = random.Random(f"chat:{key}")
+    names = list(tasks)
+    name = rng.choices(names, weights=[tasks[n][1] for n in names])[0]
+    q, a = tasks[name][0](rng, material)
+    if task_set == "mixed":
+        if rng.random() < HOUSE_STYLE_SHARE:
+            a += CLOSERS.get(name, "")
+    else:
+        from companion.tiny_pair.closed_tasks import closing
+
+        a += closing(rng)
     return name, q, a
 
 
-def conversations(material: Material, seed: int, n: int, stream: str = "train") -> list[str]:
+def conversations(material: Material, seed: int, n: int, stream: str = "train", task_set: str = "mixed") -> list[str]:
     """``n`` complete conversations (user turn, assistant turn, ``<|im_end|>``) of ``stream`` from ``seed``."""
-    return [conversation(q, a) for _, q, a in (generate(material, seed, i, stream) for i in range(n))]
+    return [conversation(q, a) for _, q, a in (generate(material, seed, i, stream, task_set) for i in range(n))]
 
 
 def build_chat_prompts(material: Material, tokenizer: PreTrainedTokenizerBase, seed: int, n: int,
-                       min_tokens: int, max_tokens: int, max_tries: int = 1_000_000) -> list[Prompt]:
+                       min_tokens: int, max_tokens: int, max_tries: int = 1_000_000,
+                       task_set: str = "mixed") -> list[Prompt]:
     """The held-out prompt set: user turns of the "prompts" stream with ``min_tokens..max_tokens`` tokens.
 
     Conversation ``i`` of the stream is kept when its templated user turn (ending where the
@@ -454,7 +490,7 @@ def build_chat_prompts(material: Material, tokenizer: PreTrainedTokenizerBase, s
     out: list[Prompt] = []
     seen: set[str] = set()
     for i in range(max_tries):
-        task, q, _ = generate(material, seed, i, "prompts")
+        task, q, _ = generate(material, seed, i, "prompts", task_set)
         text = user_turn(q)
         if text in seen:  # the small code tasks can repeat a request; a prompt set has each once
             continue

@@ -70,6 +70,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: The chat corpus's task sets (``TrainConfig.task_set``; :func:`companion.tiny_pair.chat_corpus.tasks_of`).
+TASK_SETS = ("mixed", "closed")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of one ``Qwen3ForCausalLM`` (embeddings tied, as in Qwen3's small models)."""
@@ -121,6 +125,9 @@ class TrainConfig:
     greedy_steps: int = 64
     # Chat corpus (companion.tiny_pair.chat_corpus): conversations generated for training, share of training
     # windows taken from plain stdlib source, prompts of the held-out set and the regime's greedy steps.
+    # Which tasks the chat corpus holds (chat_corpus.TASK_SETS): "mixed" (copying, facts and open-ended
+    # requests) or "closed" (memorised facts and closed-set rules, with deliberate alternatives).
+    task_set: str = "mixed"
     chat_conversations: int = 60000
     natural_share: float = 0.15
     answer_only_loss: bool = True  # chat windows: loss on the assistant's answers only (see train.answer_weights)
@@ -135,6 +142,10 @@ class TrainConfig:
     copy_warmup_steps: int = 0
     copy_share: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes carried into the manifest
+
+    def __post_init__(self) -> None:
+        if self.task_set not in TASK_SETS:
+            raise ValueError(f"unknown chat task set {self.task_set!r}; expected one of {', '.join(TASK_SETS)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -211,7 +222,10 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, str]) -> TrainConfig:
         if leaf not in node or isinstance(node[leaf], dict):
             raise ConfigOverrideError(f"{key}={raw}: unknown config key {key!r}; known: {_known(node, parts[:-1])}")
         node[leaf] = _parse_like(node[leaf], raw, key)
-    return TrainConfig.from_dict(d)
+    try:
+        return TrainConfig.from_dict(d)
+    except ValueError as err:  # a value of the right type that the config refuses (e.g. an unknown task set)
+        raise ConfigOverrideError(str(err)) from None
 
 
 def _known(node: dict[str, Any], prefix: list[str]) -> str:
