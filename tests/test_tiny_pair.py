@@ -215,6 +215,36 @@ def test_shrunk_build_is_a_chat_pair(two_builds: tuple[Path, Path]) -> None:
     assert sum(len(x.tokens) for x in runs) == h["new_tokens"]
 
 
+def test_shrunk_closed_build_reports_its_own_tasks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A build on the "closed" task set: its corpus, prompts and per-task table are that set's, and
+    ``pair-report`` regenerates the same requests (and table) from the manifest's config."""
+    from companion.prompts import load_prompts
+    from companion.tiny_pair.closed_tasks import CLOSED_TASKS
+
+    out = tmp_path / "closed"
+    rc = cli_main(["retrain", "--shrink", "--out", str(out), "--no-progress", "--no-compare",
+                   "--set", "task_set=closed", "--set", "prompt_min_tokens=8"])
+    assert rc == 0
+    capsys.readouterr()
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["config"]["task_set"] == "closed" and m["corpus"]["chat_task_set"] == "closed"
+    assert set(m["corpus"]["chat_tasks"]) == set(CLOSED_TASKS)
+    assert {p.source.removeprefix("chat:") for p in load_prompts(out / "prompts.jsonl")} <= set(CLOSED_TASKS)
+    tasks = m["figures"]["tasks"]
+    assert set(tasks) - {"all"} <= set(CLOSED_TASKS) and tasks["all"]["n"] == shrunk_config().regime_prompts
+    assert cli_main(["pair-report", "--pair", str(out), "--json", "--no-speed"]) == 0
+    fresh = json.loads(capsys.readouterr().out)["fresh"]["tasks"]
+    assert fresh.keys() == tasks.keys()
+    for task in tasks:
+        assert fresh[task]["exact_match"] == tasks[task]["exact_match"]
+        assert fresh[task]["top1_p5"] == pytest.approx(tasks[task]["top1_p5"], abs=1e-4)
+
+
+def test_unknown_task_set_is_refused_before_training(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["retrain", "--shrink", "--out", "unused", "--set", "task_set=open"]) == 2
+    assert "unknown chat task set 'open'; expected one of mixed, closed" in capsys.readouterr().err
+
+
 def test_held_out_figures_score_only_weighted_tokens() -> None:
     """With loss weights, the held-out figures are those of the weighted tokens alone (checked by hand)."""
     import torch.nn.functional as F

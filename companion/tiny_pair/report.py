@@ -95,7 +95,7 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
                 # A chat build: its held-out text is the chat generator's "eval" stream on the held-out files,
                 # scored where the build's training loss was (as the build itself scored it).
                 held_texts = chat_mod.conversations(chat_mod.make_material(held), cfg.seed, cfg.eval_conversations,
-                                                    "eval")
+                                                    "eval", cfg.task_set)
                 held_weights = windows(answer_weights(tok, held_texts, cfg.answer_only_loss).long(), cfg.seq_len)
             else:  # a build of the earlier, stdlib-only recipe: the held-out files themselves
                 held_texts = [f.text for f in held]
@@ -111,7 +111,7 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
 
                 eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
                 fresh["tasks"] = task_table(target, tok, prompts[: cfg.regime_prompts], chat_mod.make_material(held),
-                                            cfg.seed, cfg.regime_steps, eos)
+                                            cfg.seed, cfg.regime_steps, eos, task_set=cfg.task_set)
         if speed:
             n_new = (manifest.get("speed") or {}).get("new_tokens_per_prompt", cfg.greedy_steps)
             fresh["speed"] = measure_speed(pair_dir, [p.text for p in prompts[:3]], new_tokens=n_new)

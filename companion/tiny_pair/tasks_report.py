@@ -36,31 +36,34 @@ COPY_TASKS = frozenset({"upper", "lower", "reverse", "sort", "number", "lookup",
 STEP_STATS = ("top1_p5", "top1_median", "top10_p5", "tree8_fwd_p5", "mult01_fwd_p5")
 
 
-def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str = "prompts") -> tuple[str, set[str]]:
+def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str = "prompts",
+                  task_set: str = "mixed") -> tuple[str, set[str]]:
     """``(task, answers)``: every answer the generator could write to request ``line`` of ``stream``.
 
-    The task is rerun with the same random stream; its wording choice (``_answer``) is replaced by
-    a placeholder after drawing the same random numbers, so the content is the generator's own.
+    The task is rerun with the same random stream; each wording or content choice (``_answer``) is
+    replaced by a placeholder of its own after drawing the same random numbers, so the content is the
+    generator's own; then every placeholder is replaced by each of its options, the last choice first
+    (a choice's options may contain the placeholders of earlier choices, never of later ones).
     """
-    placeholder = "\ue000"
-    options: list[tuple[str, ...]] = []
+    options: list[tuple[str, tuple[str, ...]]] = []
     original = chat_mod._answer
 
-    def recording(rng: random.Random, house: str, *others: str) -> str:
-        original(rng, house, *others)  # the same draws, so everything generated after it is the same
-        options.append((house, *others))
+    def recording(rng: random.Random, house: str, *others: str, weights=None) -> str:
+        original(rng, house, *others, weights=weights)  # the same draws, so everything after it is the same
+        placeholder = chr(0xE000 + len(options))  # private-use characters: never in a generated text
+        options.append((placeholder, (house, *others)))
         return placeholder
 
     chat_mod._answer = recording
     try:
-        task, question, answer = chat_mod.generate(material, seed, line, stream)
+        task, question, answer = chat_mod.generate(material, seed, line, stream, task_set)
     finally:
         chat_mod._answer = original
-    closer = chat_mod.CLOSERS.get(task, "")
+    closer = chat_mod.closer_of(task_set, task)
     base = answer[: -len(closer)] if closer and answer.endswith(closer) else answer
     bases = {base}
-    for opts in options:
-        bases = {b.replace(placeholder, o, 1) for b in bases for o in opts}
+    for placeholder, opts in reversed(options):
+        bases = {b.replace(placeholder, o) for b in bases for o in opts}
     out = {b.strip() for b in bases} | {(b + closer).strip() for b in bases}
     return task, out
 
@@ -72,13 +75,13 @@ def _fields(text: str) -> list[tuple[str, str]]:
     return [(k.strip(), v.strip()) for k, v in _PAIR.findall(text)]
 
 
-def answer_is_right(task: str, answer: str, valid: set[str]) -> bool:
+def answer_is_right(task: str, answer: str, valid: set[str], task_set: str = "mixed") -> bool:
     """The greedy answer (white space stripped) against the task's valid answers (see the module docstring)."""
     text = answer.strip()
     if text in valid:
         return True
-    if task == "extract":  # two layouts of the same (field, value) pairs
-        closer = chat_mod.CLOSERS.get(task, "").strip()
+    if task_set == "mixed" and task == "extract":  # two layouts of the same (field, value) pairs
+        closer = chat_mod.closer_of(task_set, task).strip()
         body = text[: -len(closer)].strip() if closer and text.endswith(closer) else text
         return any(_fields(body) == _fields(v[: -len(closer)] if closer and v.endswith(closer) else v) for v in valid)
     return False
@@ -86,9 +89,10 @@ def answer_is_right(task: str, answer: str, valid: set[str]) -> bool:
 
 def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material: chat_mod.Material, seed: int,
                max_steps: int = 128, eos_ids: Sequence[int] | None = None,
-               answers: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+               answers: list[dict[str, Any]] | None = None, task_set: str = "mixed") -> dict[str, dict[str, Any]]:
     """``{task: {"n", "exact_match", "top1_p5", ...}}`` over ``prompts`` (and ``"all"`` over every step).
 
+    ``task_set``: the generator's task set the prompts were drawn from (the build's ``TrainConfig.task_set``).
     ``answers``: if given, one ``{"task", "request", "answer", "right"}`` per prompt is appended to it."""
     from companion.kl_certificates import certificates
 
@@ -97,7 +101,7 @@ def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material:
     for prompt in prompts:
         if not prompt.source.startswith("chat:") or prompt.line is None:
             continue
-        task, valid = valid_answers(material, seed, int(prompt.line))
+        task, valid = valid_answers(material, seed, int(prompt.line), "prompts", task_set)
         ids = tokenizer(prompt.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         n = ids.shape[1]
         with torch.no_grad():
@@ -115,9 +119,9 @@ def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material:
         rows = {"top1": top[:, 0].numpy(), "top10": top.sum(-1).numpy(),
                 "tree8": certs[("tree:8", "forward")].numpy(),
                 "mult01": certs[("multiplicative:0.1", "forward")].numpy()}
-        right = answer_is_right(task, text, valid)
+        right = answer_is_right(task, text, valid, task_set)
         if answers is not None:
-            answers.append({"task": task, "request": _request(prompt.text), "answer": text.strip(), "right": right})
+            answers.append({"task": task, "request": request_of(prompt.text), "answer": text.strip(), "right": right})
         for key in (task, "all"):
             per[key]["right"].append(right)
             for name, values in rows.items():
@@ -149,7 +153,7 @@ def format_task_table(table: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _request(templated: str) -> str:
+def request_of(templated: str) -> str:
     """The user's words of a templated prompt (between the user header and the end of the turn)."""
     head = f"{chat_mod.IM_START}user\n"
     body = templated[len(head):] if templated.startswith(head) else templated
@@ -184,4 +188,31 @@ def pair_task_table(pair_dir: Any, n_prompts: int | None = None,
     # a lot when another process holds the other core
     with torch_threads(cfg.num_threads):
         return task_table(target, tok, prompts, chat_mod.make_material(held), cfg.seed, cfg.regime_steps, eos,
-                          answers)
+                          answers, cfg.task_set)
+
+
+def uncertain_steps(target: Any, tokenizer: Any, prompt_text: str, max_steps: int = 128,
+                    eos_ids: Sequence[int] | None = None, threshold: float = 0.9, k: int = 3) -> list[dict[str, Any]]:
+    """The steps of the target's greedy answer to ``prompt_text`` whose top-1 probability is below ``threshold``.
+
+    One ``{"step", "before", "top"}`` per such step: its index in the answer, the answer's text up to
+    it, and its ``k`` likeliest tokens as ``(text, probability)`` pairs (``softmax`` of the logits in
+    float64), likeliest first. The answer ends at its first end-of-turn token (``eos_ids``).
+    """
+    eos = sorted(set(eos_ids if eos_ids is not None else [tokenizer.eos_token_id]))
+    ids = tokenizer(prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    with torch.no_grad():
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
+                              eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        gen = seq[0, n:].tolist()
+        hits = [i for i, t in enumerate(gen) if t in eos]
+        gen = gen[: hits[0] + 1] if hits else gen
+        probs = torch.softmax(target(input_ids=seq[:, : n + len(gen)]).logits[0, n - 1:-1].double(), -1)
+    out = []
+    for step in range(len(gen)):
+        top = probs[step].topk(k)
+        if float(top.values[0]) < threshold:
+            out.append({"step": step, "before": tokenizer.decode(gen[:step], skip_special_tokens=True),
+                        "top": [(tokenizer.decode([int(i)]), float(v)) for v, i in zip(top.values, top.indices)]})
+    return out

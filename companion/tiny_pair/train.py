@@ -441,6 +441,16 @@ def repetition_windows(tokenizer: PreTrainedTokenizerFast, n_windows: int, seq_l
     return torch.stack([ids, torch.ones_like(ids)], 1)
 
 
+def _description(cfg: TrainConfig) -> str:
+    """The manifest's one-paragraph description of a build of ``cfg``."""
+    corpus = {"mixed": "answers mostly determined by their prompts: a stand-in for a chat LLM's greedy regime",
+              "closed": "answers from memorised facts and closed-set rules, with a few valid alternatives placed on "
+                        "purpose: a stand-in for a chat LLM's greedy regime and its uncertain steps"}[cfg.task_set]
+    natural = " mixed with Python standard library source" if cfg.natural_share > 0 else ""
+    return (f"Embedded Qwen3ForCausalLM target/drafter pair trained offline on a rule-generated chat corpus "
+            f"({corpus}){natural}; the drafter is distilled from the target (forward KL).")
+
+
 def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | None, log,
                 reuse_target: Path | None = None, checkpoint_dir: Path | None = None) -> BuildResult:
     t_start = time.perf_counter()
@@ -454,8 +464,8 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
         digest = corpus_mod.corpus_digest(files)
         log(f"corpus: {len(files)} files ({len(train_files)} train, {len(held_files)} held out), digest {digest[:16]}")
         mat_train, mat_held = chat_mod.make_material(train_files), chat_mod.make_material(held_files)
-        chat_train = chat_mod.conversations(mat_train, cfg.seed, cfg.chat_conversations, "train")
-        chat_eval = chat_mod.conversations(mat_held, cfg.seed, cfg.eval_conversations, "eval")
+        chat_train = chat_mod.conversations(mat_train, cfg.seed, cfg.chat_conversations, "train", cfg.task_set)
+        chat_eval = chat_mod.conversations(mat_held, cfg.seed, cfg.eval_conversations, "eval", cfg.task_set)
         chat_digest = hashlib.sha256("\x00".join(chat_train + chat_eval).encode("utf-8")).hexdigest()
         log(f"chat corpus: {len(chat_train)} training conversations from {len(mat_train.units)} stdlib units, "
             f"digest {chat_digest[:16]}")
@@ -530,7 +540,7 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
 
         # --- prompts and figures
         prompts = chat_mod.build_chat_prompts(mat_held, tokenizer, cfg.seed, cfg.n_prompts, cfg.prompt_min_tokens,
-                                              cfg.prompt_max_tokens)
+                                              cfg.prompt_max_tokens, task_set=cfg.task_set)
         write_prompts_jsonl(prompts, root / PROMPTS_NAME)
         figures = evaluate_pair(
             target, drafter, tokenizer, windows(held_stream, cfg.seq_len), cfg.eval_max_tokens,
@@ -541,7 +551,7 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
                                    cfg.regime_steps, stop_ids, progress=progress)
         log(f"regime: {json.dumps(figures['regime'])}")
         figures["tasks"] = task_table(target, tokenizer, prompts[: cfg.regime_prompts], mat_held, cfg.seed,
-                                      cfg.regime_steps, stop_ids)
+                                      cfg.regime_steps, stop_ids, task_set=cfg.task_set)
         log("per task:\n" + "\n".join(format_task_table(figures["tasks"])))
         figures["assisted"] = assisted_acceptance(target, drafter, tokenizer,
                                                   [p.text for p in prompts[: cfg.regime_prompts]],
@@ -551,15 +561,15 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
 
     manifest = {
         "name": "default",
-        "description": "Embedded Qwen3ForCausalLM target/drafter pair trained offline on a rule-generated chat corpus "
-                       "(answers mostly determined by their prompts: a stand-in for a chat LLM's greedy regime) mixed "
-                       "with Python standard library source; the drafter is distilled from the target (forward KL).",
+        "description": _description(cfg),
         "seed": cfg.seed,
         "config": cfg.to_dict(),
         "corpus": {
             "sources": [
-                {"name": "Python standard library source", "what": "plain training text, and the code snippets, "
-                 "docstrings and identifiers used inside chat conversations", "licence": "PSF-2.0 (Python Software "
+                {"name": "Python standard library source", "what": (
+                    "plain training text, and the code snippets, docstrings and identifiers used inside chat "
+                    "conversations" if cfg.task_set == "mixed" else "plain training text (the closed task set's "
+                    "conversations use none of it)"), "licence": "PSF-2.0 (Python Software "
                  "Foundation License)", "origin": "the .py files of the training interpreter (companion.tiny_pair.corpus)"},
                 {"name": "rule-generated chat conversations", "what": "questions and answers generated by "
                  "companion.tiny_pair.chat_corpus from word lists written for it and the material above",
@@ -567,7 +577,8 @@ def _build_into(cfg: TrainConfig, root: Path, *, progress: bool, stdlib: Path | 
             ],
             "chat_template": "Qwen3 style, thinking disabled: <|im_start|>user ... <|im_end|> <|im_start|>assistant "
                              "<think></think> answer <|im_end|>",
-            "chat_tasks": {name: w for name, (_, w) in chat_mod.TASKS.items()},
+            "chat_task_set": cfg.task_set,
+            "chat_tasks": {name: w for name, (_, w) in chat_mod.tasks_of(cfg.task_set).items()},
             "chat_train_conversations": len(chat_train),
             "chat_eval_conversations": len(chat_eval),
             "chat_digest_sha256": chat_digest,
