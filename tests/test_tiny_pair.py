@@ -238,6 +238,18 @@ def test_shrunk_closed_build_reports_its_own_tasks(tmp_path: Path, capsys: pytes
     for task in tasks:
         assert fresh[task]["exact_match"] == tasks[task]["exact_match"]
         assert fresh[task]["top1_p5"] == pytest.approx(tasks[task]["top1_p5"], abs=1e-4)
+    # which held-out requests the build trained on: checked against the training conversations' text
+    from companion.tiny_pair import chat_corpus as chat
+    from companion.tiny_pair.tasks_report import pair_task_table
+
+    answers: list[dict] = []
+    pair_task_table(out, answers=answers)
+    cfg = shrunk_config()
+    training_text = "\n".join(chat.conversations(chat.make_material(corpus_mod.split_corpus(
+        corpus_mod.load_corpus(max_files=cfg.max_files))[0]), cfg.seed, cfg.chat_conversations, "train", "closed"))
+    assert len(answers) == cfg.regime_prompts
+    for a in answers:
+        assert a["seen"] == (chat.user_turn(a["request"]) in training_text), a
 
 
 def test_unknown_task_set_is_refused_before_training(capsys: pytest.CaptureFixture[str]) -> None:

@@ -164,7 +164,11 @@ def pair_task_table(pair_dir: Any, n_prompts: int | None = None,
                     answers: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]] | None:
     """:func:`task_table` of a saved pair on the first ``n_prompts`` of its prompt set (default: the
     regime's), or None when this interpreter's standard library is not the pair's training
-    corpus (the requests, some of whose items come from it, could not be regenerated exactly)."""
+    corpus (the requests, some of whose items come from it, could not be regenerated exactly).
+
+    Each entry of ``answers`` also says whether its request occurs word for word among the
+    build's training conversations (``"seen"``): held-out prompts are fresh draws of the
+    generator, but a closed world has few distinct requests."""
     from pathlib import Path
 
     from companion.models import load_pair
@@ -180,15 +184,28 @@ def pair_task_table(pair_dir: Any, n_prompts: int | None = None,
     files = corpus_mod.load_corpus(max_files=cfg.max_files)
     if corpus_mod.corpus_digest(files) != manifest["corpus"]["digest_sha256"]:
         return None
-    _, held = corpus_mod.split_corpus(files)
+    train, held = corpus_mod.split_corpus(files)
     target, _, tok = load_pair(pair_dir / "target", False, device="cpu", dtype=torch.float32)
     prompts = load_prompts(pair_dir / "prompts.jsonl")[: n_prompts or cfg.regime_prompts]
     eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
     # the pair's own thread count (one): a model this small only loses from a second thread, and
     # a lot when another process holds the other core
+    kept: list[dict[str, Any]] = []
     with torch_threads(cfg.num_threads):
-        return task_table(target, tok, prompts, chat_mod.make_material(held), cfg.seed, cfg.regime_steps, eos,
-                          answers, cfg.task_set)
+        table = task_table(target, tok, prompts, chat_mod.make_material(held), cfg.seed, cfg.regime_steps, eos,
+                           kept, cfg.task_set)
+    if answers is not None:
+        # the closed set's tasks draw nothing from the stdlib material (tests/test_closed_tasks.py), so the
+        # held-out one regenerates its training requests as well, without parsing the training split
+        material = chat_mod.make_material(held if cfg.task_set == "closed" else train)
+        seen = training_requests(material, cfg.seed, cfg.chat_conversations, cfg.task_set)
+        answers.extend({**a, "seen": a["request"] in seen} for a in kept)
+    return table
+
+
+def training_requests(material: chat_mod.Material, seed: int, n: int, task_set: str) -> set[str]:
+    """The user's words of the ``n`` training conversations of a build (``material``: its training split)."""
+    return {chat_mod.generate(material, seed, i, "train", task_set)[1] for i in range(n)}
 
 
 def uncertain_steps(target: Any, tokenizer: Any, prompt_text: str, max_steps: int = 128,
