@@ -435,6 +435,40 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
     assert (mine / "manifest.json").is_file() and not (tmp_path / "mine.stale").exists()
 
 
+_CONCURRENT_HARVEST = """
+import json, sys
+from companion.harvest import cache, plan as planning
+from companion.harvest.toy import toy_pair
+
+def fake_load(plan, device=None, dtype=None):
+    t, d, tok = toy_pair(vocab=300, hidden=32, layers=1, noise=0.1)
+    return t, d, tok, [f"prompt number {i}: abc" for i in range(plan.n_prompts)]
+
+planning.load_planned = fake_load
+got = cache.chapter_traces("default", device="cpu", n_prompts=6, n_steps=8, batch_size=2, runs_root=sys.argv[1])
+print(json.dumps({"rows": got.harvested_rows, "status": got.manifest["status"]}))
+"""
+
+
+def test_chapters_harvesting_at_once_share_one_harvest(tmp_path: Path):
+    """Two processes (chapters 7 and 8 under a parallel `companion reproduce`) ask for the same
+    uncached harvest at once: one harvests, the other waits for it and reuses it; nothing is damaged."""
+    import json
+    import subprocess
+    import sys
+
+    from companion.harvest import load_traces
+
+    procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT_HARVEST, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    results = sorted(json.loads(out.strip().splitlines()[-1])["rows"] for out, _ in outs)
+    assert results == [0, 48], results  # 6 prompts x 8 steps harvested once
+    traces = load_traces(tmp_path / "default-6x8-cpu-b2-seed0")  # verifies every shard's sha256
+    assert len(traces) == 48
+
+
 def test_enlargement_by_bin_brute_force(tr):
     edges = A.margin_bin_edges(tr.column("margin"), 3)
     eps = [0.01, 0.1]

@@ -7,8 +7,10 @@ configuration. The statistics computed on the traces live in :mod:`companion.ana
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,11 +106,14 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
                   extra={"preset": preset, "chapter_parameters": {"n_prompts": n_prompts, "n_steps": n_steps,
                                                                   "batch_size": batch_size, "seed": seed}},
                   progress=progress)
-    before = _runs_done(out)
     threads = torch.get_num_threads()
     if dev.type == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
-    try:
+    # Chapters 7 and 8 share this folder and `companion reproduce` may run them at once: the second
+    # waits here, then finds the first one's complete harvest and reuses it.
+    with _exclusive(out), contextlib.ExitStack() as restore:
+        restore.callback(torch.set_num_threads, threads)
+        before = _runs_done(out)
         try:
             manifest = harvest(target, drafter, tokenizer, prompts, out, **kwargs)
         except HarvestConfigError as err:
@@ -121,11 +126,30 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
             os.replace(out, stale)
             before = 0
             manifest = harvest(target, drafter, tokenizer, prompts, out, **kwargs)
-    finally:
-        torch.set_num_threads(threads)
     if manifest.get("status") != "complete":
         raise RuntimeError(f"the harvest in {out} is {manifest.get('status')!r}; rerun to finish it")
     return ChapterTraces(out, manifest, sum(int(r["rows"]) for r in manifest.get("runs", [])[before:]))
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<out>.lock`` (beside ``out``) while harvesting into ``out``.
+
+    A POSIX advisory lock (``fcntl.flock``): other processes that take it wait; it is released when
+    the block ends or the process dies. Where ``fcntl`` does not exist (Windows), nothing is locked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _runs_done(out: Path) -> int:
