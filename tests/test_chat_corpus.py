@@ -20,7 +20,7 @@ def material() -> cc.Material:
 
 @pytest.fixture(scope="module")
 def tokenizer(material: cc.Material):
-    texts = cc.conversations(material, 0, 300) + [f.text for f in corpus_mod.load_corpus(max_files=8)]
+    texts = cc.conversations(material, 0, 300, "train", "mixed") + [f.text for f in corpus_mod.load_corpus(max_files=8)]
     return train_bpe(texts, 600)
 
 
@@ -29,16 +29,16 @@ def _items(s: str) -> list[str]:
 
 
 def test_generate_is_a_pure_function_of_seed_index_and_stream(material: cc.Material) -> None:
-    assert cc.generate(material, 3, 17) == cc.generate(material, 3, 17)
-    a = [cc.generate(material, 0, i) for i in range(50)]
-    assert a != [cc.generate(material, 1, i) for i in range(50)]
-    assert a != [cc.generate(material, 0, i, "prompts") for i in range(50)]
+    assert cc.generate(material, 3, 17, "train", "mixed") == cc.generate(material, 3, 17, "train", "mixed")
+    a = [cc.generate(material, 0, i, "train", "mixed") for i in range(50)]
+    assert a != [cc.generate(material, 1, i, "train", "mixed") for i in range(50)]
+    assert a != [cc.generate(material, 0, i, "prompts", "mixed") for i in range(50)]
 
 
 def test_every_task_occurs_and_conversations_have_the_chat_shape(material: cc.Material) -> None:
     seen = set()
     for i in range(3000):
-        task, q, a = cc.generate(material, 0, i)
+        task, q, a = cc.generate(material, 0, i, "train", "mixed")
         seen.add(task)
         text = cc.conversation(q, a)
         assert text.startswith("<|im_start|>user\n") and text.endswith(a + EOS_TOKEN)
@@ -49,7 +49,7 @@ def test_every_task_occurs_and_conversations_have_the_chat_shape(material: cc.Ma
 def test_template_renders_exactly_the_training_prompt(tokenizer, material: cc.Material) -> None:
     assert tokenizer.chat_template == CHAT_TEMPLATE
     for i in range(20):
-        _, q, a = cc.generate(material, 0, i)
+        _, q, a = cc.generate(material, 0, i, "train", "mixed")
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                  add_generation_prompt=True)
         assert rendered == cc.user_turn(q)
@@ -62,7 +62,7 @@ def test_template_renders_exactly_the_training_prompt(tokenizer, material: cc.Ma
 @given(st.integers(0, 10**6))
 def test_prompt_tokens_are_a_prefix_of_the_conversation_tokens(tokenizer, material: cc.Material, i: int) -> None:
     """Decoding starts where training saw the answer start: no token straddles the prompt's end."""
-    _, q, a = cc.generate(material, 0, i)
+    _, q, a = cc.generate(material, 0, i, "train", "mixed")
     p = tokenizer(cc.user_turn(q), add_special_tokens=False)["input_ids"]
     full = tokenizer(cc.conversation(q, a), add_special_tokens=False)["input_ids"]
     assert full[: len(p)] == p
@@ -136,22 +136,22 @@ def test_capital_answers_name_the_country_and_its_capital(material: cc.Material)
 
 
 def test_chat_prompts_respect_lengths_and_are_deterministic(tokenizer, material: cc.Material) -> None:
-    ps = cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90)
-    assert len(ps) == 12 and ps == cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90)
+    ps = cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90, task_set="mixed")
+    assert len(ps) == 12 and ps == cc.build_chat_prompts(material, tokenizer, 0, 12, 40, 90, task_set="mixed")
     for p in ps:
         assert 40 <= p.n_tokens <= 90 == 90
         assert p.n_tokens == len(tokenizer(p.text, add_special_tokens=False)["input_ids"])
         assert p.text.endswith(cc.GENERATION_PREFIX) and p.source.startswith("chat:")
     with pytest.raises(ValueError, match="were asked for"):
-        cc.build_chat_prompts(material, tokenizer, 0, 5, 5000, 6000, max_tries=50)
+        cc.build_chat_prompts(material, tokenizer, 0, 5, 5000, 6000, max_tries=50, task_set="mixed")
 
 
 def test_chat_prompts_are_distinct_even_when_the_generator_repeats(tokenizer) -> None:
     unit = cc.CodeUnit("f", "def f(x):\n    return x", "Return the argument unchanged.", ("f",))
     one = cc.Material((unit,), tuple(f"name{i}" for i in range(12)), (unit,))  # every code request is the same
-    generated = [cc.user_turn(cc.generate(one, 0, i, "prompts")[1]) for i in range(400)]
+    generated = [cc.user_turn(cc.generate(one, 0, i, "prompts", "mixed")[1]) for i in range(400)]
     assert len(set(generated)) < len(generated)  # the stream itself repeats
-    ps = cc.build_chat_prompts(one, tokenizer, 0, 60, 1, 400)
+    ps = cc.build_chat_prompts(one, tokenizer, 0, 60, 1, 400, task_set="mixed")
     assert len({p.text for p in ps}) == len(ps) == 60
     assert [p.text for p in ps] == [generated[p.line] for p in ps]
 
@@ -163,28 +163,28 @@ def test_valid_answers_hold_the_generators_answer_in_every_wording(material: cc.
 
     seen: set[str] = set()
     for i in range(400):
-        task, question, answer = cc.generate(material, 0, i, "prompts")
-        got_task, valid = valid_answers(material, 0, i)
+        task, question, answer = cc.generate(material, 0, i, "prompts", "mixed")
+        got_task, valid = valid_answers(material, 0, i, "prompts", "mixed")
         assert got_task == task and answer.strip() in valid, (task, answer, valid)
-        assert answer_is_right(task, answer, valid)
+        assert answer_is_right(task, answer, valid, "mixed")
         closer = cc.CLOSERS.get(task, "")
         if closer:
             base = answer[: -len(closer)] if answer.endswith(closer) else answer
             assert base.strip() in valid and (base + closer).strip() in valid
-        other_task, other_q, other = cc.generate(material, 0, i + 1000, "prompts")
+        other_task, other_q, other = cc.generate(material, 0, i + 1000, "prompts", "mixed")
         if other_task == task and other.strip() not in valid:
-            assert not answer_is_right(task, other, valid)
+            assert not answer_is_right(task, other, valid, "mixed")
         seen.add(task)
     assert {"upper", "lookup", "capital", "extract"} <= seen
     # extract: the same (field, value) pairs in the task's other layout are right, other values are not
-    i = next(i for i in range(400) if cc.generate(material, 0, i, "prompts")[0] == "extract")
-    _, _, answer = cc.generate(material, 0, i, "prompts")
-    _, valid = valid_answers(material, 0, i)
+    i = next(i for i in range(400) if cc.generate(material, 0, i, "prompts", "mixed")[0] == "extract")
+    _, _, answer = cc.generate(material, 0, i, "prompts", "mixed")
+    _, valid = valid_answers(material, 0, i, "prompts", "mixed")
     pairs = re.findall(r'"?([a-z]+)"?\s*:\s*"?([^",\n}]*)"?', answer)
     lines = "\n".join(f"{k}: {v}" for k, v in pairs)
     braces = "{" + ", ".join(f'"{k}": "{v}"' for k, v in pairs) + "}"
-    assert answer_is_right("extract", lines, valid) and answer_is_right("extract", braces, valid)
-    assert not answer_is_right("extract", lines.replace(pairs[0][1], pairs[0][1] + "x"), valid)
+    assert answer_is_right("extract", lines, valid, "mixed") and answer_is_right("extract", braces, valid, "mixed")
+    assert not answer_is_right("extract", lines.replace(pairs[0][1], pairs[0][1] + "x"), valid, "mixed")
 
 
 def test_pair_task_table_refuses_another_standard_library(monkeypatch) -> None:

@@ -50,10 +50,11 @@ def test_unknown_task_set_is_refused(material: cc.Material) -> None:
 
 
 def test_the_task_sets_are_independent_streams(material: cc.Material) -> None:
+    closed = [cc.generate(material, 0, i, "train", "closed") for i in range(50)]
+    assert closed == [cc.generate(material, 0, i) for i in range(50)]  # "closed" is the recipe's default
+    assert {t for t, _, _ in closed} <= set(ct.CLOSED_TASKS)
     mixed = [cc.generate(material, 0, i, "train", "mixed") for i in range(50)]
-    assert mixed == [cc.generate(material, 0, i) for i in range(50)]  # "mixed" is the default, unchanged
-    assert {t for t, _, _ in (cc.generate(material, 0, i, "train", "closed") for i in range(50))} <= set(
-        ct.CLOSED_TASKS)
+    assert {t for t, _, _ in mixed} <= set(cc.TASKS) and not {q for _, q, _ in mixed} & {q for _, q, _ in closed}
 
 
 def test_closed_tasks_ignore_the_standard_library_material(material: cc.Material) -> None:

@@ -30,7 +30,8 @@ def test_default_prompts_shape(prompts: list[Prompt]) -> None:
                for p in prompts)
     assert all(p.text.isascii() and "\t" not in p.text for p in prompts)
     tasks = {p.source.removeprefix("chat:") for p in prompts}
-    assert all(p.source.startswith("chat:") for p in prompts) and tasks <= set(chat.TASKS)
+    task_set = json.loads((ASSET_DIR / "manifest.json").read_text())["config"]["task_set"]
+    assert all(p.source.startswith("chat:") for p in prompts) and tasks <= set(chat.tasks_of(task_set))
     assert len(tasks) >= 10  # spread over many kinds of request
 
 
@@ -47,8 +48,9 @@ def test_default_prompts_are_held_out_and_token_counts_are_true(prompts: list[Pr
     files = corpus_mod.load_corpus(None)
     _, held = corpus_mod.split_corpus(files)
     material = chat.make_material(held)
+    task_set = json.loads((ASSET_DIR / "manifest.json").read_text())["config"]["task_set"]
     for p in prompts[:64]:
-        task, question, _ = chat.generate(material, 0, p.line, "prompts")
+        task, question, _ = chat.generate(material, 0, p.line, "prompts", task_set)
         assert p.text == chat.user_turn(question) and p.source == f"chat:{task}", p.prompt_id
 
 

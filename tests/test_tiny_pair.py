@@ -377,6 +377,18 @@ def test_committed_pair_is_the_chat_recipe_in_the_chat_regime(manifest: dict) ->
     assert r["drafter_greedy_acceptance"] >= 0.75
 
 
+def test_how_to_read_describes_the_committed_recipe(manifest: dict) -> None:
+    """The recipe's numbers the reading guide states are the committed manifest's."""
+    text = (Path(__file__).resolve().parents[1] / "book" / "how_to_read.md").read_text()
+    share = manifest["config"]["natural_share"]
+    assert (f"makes up {share * 100:.0f} % of the training windows" in text) == (share > 0), share
+    assert f"{manifest['models']['vocab_size']:,}-token" in text
+    module = {"closed": "closed_tasks", "mixed": "chat_corpus"}[manifest["config"]["task_set"]]
+    assert f"(`companion/tiny_pair/{module}.py`)" in text
+    assert f"{manifest['models']['target']['params'] / 1e6:.0f}M-parameter" in text
+    assert f"{manifest['models']['drafter']['params'] / 1e6:.1f}M-parameter" in text
+
+
 def test_default_pair_loads_with_qwen3_code_path() -> None:
     from companion.tiny_pair import chat_corpus as chat
 
@@ -387,11 +399,11 @@ def test_default_pair_loads_with_qwen3_code_path() -> None:
     assert len(tok) == target.config.vocab_size == drafter.config.vocab_size
     # A request written for this test in the corpus's style; the pair is scored on the answer only,
     # as it was trained (answer-only loss).
-    question = "Here is a record:\nname: Nina\ncity: Lisbon\njob: chef\nage: 41\nWhat is the city?"
+    question = "Could you tell me which city is the capital of Peru?"
     prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                      add_generation_prompt=True)
     assert prompt == chat.user_turn(question)
-    ids = tok(chat.conversation(question, "The city is Lisbon."), return_tensors="pt")["input_ids"]
+    ids = tok(chat.conversation(question, "The capital of Peru is Lima."), return_tensors="pt")["input_ids"]
     n = len(tok(prompt)["input_ids"])
     with torch.no_grad():
         lp = target(input_ids=ids).logits[0, n - 1:-1].log_softmax(-1)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from companion.prompts import Prompt
-from companion.tiny_pair.config import TASK_SETS
+from companion.tiny_pair.config import DEFAULT_TASK_SET, TASK_SETS
 from companion.tiny_pair.corpus import SourceFile
 from companion.tiny_pair.tokenizer import IM_END, IM_START, THINK_CLOSE, THINK_OPEN
 
@@ -450,7 +450,7 @@ def closer_of(task_set: str, task: str) -> str:
 
 
 def generate(material: Material, seed: int, index: int, stream: str = "train",
-             task_set: str = "mixed") -> tuple[str, str, str]:
+             task_set: str = DEFAULT_TASK_SET) -> tuple[str, str, str]:
     """``(task name, question, answer)`` of conversation ``index`` of ``stream`` under ``seed`` (a pure function).
 
     ``stream`` names an independent sequence ("train", "eval", "prompts"): the random generator is
@@ -473,14 +473,14 @@ def generate(material: Material, seed: int, index: int, stream: str = "train",
     return name, q, a
 
 
-def conversations(material: Material, seed: int, n: int, stream: str = "train", task_set: str = "mixed") -> list[str]:
+def conversations(material: Material, seed: int, n: int, stream: str = "train", task_set: str = DEFAULT_TASK_SET) -> list[str]:
     """``n`` complete conversations (user turn, assistant turn, ``<|im_end|>``) of ``stream`` from ``seed``."""
     return [conversation(q, a) for _, q, a in (generate(material, seed, i, stream, task_set) for i in range(n))]
 
 
 def build_chat_prompts(material: Material, tokenizer: PreTrainedTokenizerBase, seed: int, n: int,
                        min_tokens: int, max_tokens: int, max_tries: int = 1_000_000,
-                       task_set: str = "mixed") -> list[Prompt]:
+                       task_set: str = DEFAULT_TASK_SET) -> list[Prompt]:
     """The held-out prompt set: user turns of the "prompts" stream with ``min_tokens..max_tokens`` tokens.
 
     Conversation ``i`` of the stream is kept when its templated user turn (ending where the

@@ -9,12 +9,13 @@ The pair is built, offline and deterministically (same package versions, one thr
     companion retrain --out companion/assets/default_pair --checkpoint-dir runs/default_pair_ckpt --no-progress
 
 (rerun the same command after an interruption: each stage resumes from its last checkpoint). Its
-corpus is the rule-generated chat corpus of :mod:`companion.tiny_pair.chat_corpus` (60,000
-conversations, ~3.5M tokens) plus a 15 % share of training windows of standard-library source.
-The target sees 2000 x 8 x 256 = 4.1M tokens (loss on the assistant's answers only), the
-drafter 600 x 8 x 256 = 1.2M tokens (distillation, forward KL, on the same positions).
-Wall time of the committed build, single-threaded on a 2-core machine: target 41.5 min
-(~1650 tokens/s), drafter 7 min, tokenizer and figures ~2 min: about 50 minutes.
+corpus is the rule-generated chat corpus of the "closed" task set
+(:mod:`companion.tiny_pair.closed_tasks`: 60,000 conversations, 1.9M tokens) plus a 15 % share of
+training windows of standard-library source. The target sees 2000 x 8 x 256 = 4.1M tokens (loss
+on the assistant's answers only), the drafter 600 x 8 x 256 = 1.2M tokens (distillation, forward
+KL, on the same positions). Wall time of the committed build, single-threaded on a 2-core machine
+(another build on the other core): target 34.3 min (~1990 tokens/s), drafter 5.6 min, tokenizer,
+prompts and figures ~1 min: 41 minutes in all.
 
 How the recipe got here (target on its own greedy answers to 64 held-out requests, 128 steps
 at most; the goals: top-1 median >= 0.85 and mean >= 0.70, strict-greedy certificate median
@@ -62,6 +63,33 @@ that size it forms slowly or not at all (above), and the chat stage starts with 
 at 3e-3. Untried: the warm-up's short windows interleaved in every chat batch, a lower chat
 learning rate after the warm-up, and answers that need no copying with deliberate ambiguity
 (the issue's second way).
+
+The closed task set (2026-12-01; the committed pair). The issue's second way: keep only requests
+whose answer needs no copying (a memorised fact, or a rule over a small closed set: capitals and
+their countries, the day or month before or after, named sequences, opposites, plurals,
+categories, animals' sounds and young, days of a month, month numbers, fruit colours) and place
+the ambiguity on purpose: each answer draws its wording (three), a fruit's colour where two are
+common, and its closing (none or one of two) with fixed weights 0.55 / 0.30 / 0.15 (two
+options: 0.65 / 0.35). ``--set task_set=closed --set prompt_min_tokens=12``, otherwise the default
+recipe; two builds side by side, one per core, with the stdlib share at 0.15 (committed) and at
+0. Measured on the target's own greedy answers to the 64 regime prompts (``pair-report``), goal
+in brackets:
+
+- committed build (stdlib 0.15): right on 100 % of the 64 requests, every task (>= 80 %); top-10
+  mass p5 0.983 (>= 0.85), top-1 p5 0.525 (>= 0.25), width-8 tree forward certificate p5 0.941
+  (>= 0.30), ``multiplicative:0.1`` forward p5 0.329 (>= 0.15); top-1 median 0.998 (>= 0.85) and
+  mean 0.878 (>= 0.75); EOS on 100 % (>= 90 %); drafter strict-greedy acceptance 93.8 % (>= 75 %);
+  assisted generation accepts 2.43 of 4 drafts a round; 12 MB of assets; answers 7.5 steps on
+  average. On the first 256 prompts of the prompt set (every task 11-38 times) it is right on all
+  256;
+- the same without stdlib text: 100 % right (and on 256), top-10 p5 0.988, top-1 p5 0.543, tree:8
+  p5 0.990, mult:0.1 p5 0.316, drafter acceptance 96.5 %;
+- learning curve (the stdlib-0.15 build, 64 regime prompts): 98 % right at step 800 (every task
+  >= 88 %), 100 % from step 1400; the build without stdlib text was at 88 % at step 800
+  (``opposite``: 17 %, answering "The opposite of rich is rich.") and 98 % at step 1600.
+
+Of the 64 regime requests, 59 also occur word for word among the training conversations (the world is
+small; the other 5 are right too); chapter 7 counts them on every build and reports the others apart.
 """
 from __future__ import annotations
 
@@ -72,6 +100,8 @@ from typing import Any
 
 #: The chat corpus's task sets (``TrainConfig.task_set``; :func:`companion.tiny_pair.chat_corpus.tasks_of`).
 TASK_SETS = ("mixed", "closed")
+#: The task set of the default recipe (the committed pair's).
+DEFAULT_TASK_SET = "closed"
 
 
 @dataclass(frozen=True)
@@ -119,7 +149,7 @@ class TrainConfig:
     num_threads: int = 1
     eval_max_tokens: int = 65536  # held-out tokens scored for the manifest figures
     n_prompts: int = 256
-    prompt_min_tokens: int = 24  # templated user turn; the generator's median is ~36 tokens
+    prompt_min_tokens: int = 12  # templated user turn (the closed set's requests have ~18 tokens)
     prompt_max_tokens: int = 192
     greedy_prompts: int = 32  # prompts continued greedily for the on-policy figures
     greedy_steps: int = 64
@@ -127,7 +157,7 @@ class TrainConfig:
     # windows taken from plain stdlib source, prompts of the held-out set and the regime's greedy steps.
     # Which tasks the chat corpus holds (chat_corpus.TASK_SETS): "mixed" (copying, facts and open-ended
     # requests) or "closed" (memorised facts and closed-set rules, with deliberate alternatives).
-    task_set: str = "mixed"
+    task_set: str = DEFAULT_TASK_SET
     chat_conversations: int = 60000
     natural_share: float = 0.15
     answer_only_loss: bool = True  # chat windows: loss on the assistant's answers only (see train.answer_weights)
@@ -184,7 +214,7 @@ def shrunk_config(seed: int = 0) -> TrainConfig:
         greedy_prompts=4,
         greedy_steps=8,
         chat_conversations=400,
-        eval_conversations=40,
+        eval_conversations=80,  # the closed set's answers are short: ~1,900 scored tokens
         regime_prompts=4,
         regime_steps=16,
     )

@@ -26,6 +26,7 @@ import torch
 
 from companion.prompts import Prompt
 from companion.tiny_pair import chat_corpus as chat_mod
+from companion.tiny_pair.config import DEFAULT_TASK_SET
 
 #: Tasks whose answer carries items of the request into the answer (repeats, reorders, reformats or
 #: looks them up): they need copying from the prompt, not only memorised facts or a template.
@@ -37,7 +38,7 @@ STEP_STATS = ("top1_p5", "top1_median", "top10_p5", "tree8_fwd_p5", "mult01_fwd_
 
 
 def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str = "prompts",
-                  task_set: str = "mixed") -> tuple[str, set[str]]:
+                  task_set: str = DEFAULT_TASK_SET) -> tuple[str, set[str]]:
     """``(task, answers)``: every answer the generator could write to request ``line`` of ``stream``.
 
     The task is rerun with the same random stream; each wording or content choice (``_answer``) is
@@ -75,7 +76,7 @@ def _fields(text: str) -> list[tuple[str, str]]:
     return [(k.strip(), v.strip()) for k, v in _PAIR.findall(text)]
 
 
-def answer_is_right(task: str, answer: str, valid: set[str], task_set: str = "mixed") -> bool:
+def answer_is_right(task: str, answer: str, valid: set[str], task_set: str = DEFAULT_TASK_SET) -> bool:
     """The greedy answer (white space stripped) against the task's valid answers (see the module docstring)."""
     text = answer.strip()
     if text in valid:
@@ -89,7 +90,7 @@ def answer_is_right(task: str, answer: str, valid: set[str], task_set: str = "mi
 
 def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material: chat_mod.Material, seed: int,
                max_steps: int = 128, eos_ids: Sequence[int] | None = None,
-               answers: list[dict[str, Any]] | None = None, task_set: str = "mixed") -> dict[str, dict[str, Any]]:
+               answers: list[dict[str, Any]] | None = None, task_set: str = DEFAULT_TASK_SET) -> dict[str, dict[str, Any]]:
     """``{task: {"n", "exact_match", "top1_p5", ...}}`` over ``prompts`` (and ``"all"`` over every step).
 
     ``task_set``: the generator's task set the prompts were drawn from (the build's ``TrainConfig.task_set``).
