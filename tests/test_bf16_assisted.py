@@ -16,7 +16,7 @@ import torch
 
 from companion.harvest import harvest, load_traces
 from companion.models import load_pair
-from companion.prompts import load_prompts
+from tests.pair_prompts import code_prompts
 from companion.speculative import hf_assisted_generate
 
 N_PROMPTS, N_STEPS, K = 6, 40, 4
@@ -34,7 +34,7 @@ def _accepted_run(accepted: list[bool], start: int, k: int) -> int:
 
 def test_bf16_harvest_predicts_assisted_generation(tmp_path) -> None:
     target, drafter, tok = load_pair("default", dtype=torch.bfloat16)
-    prompts = load_prompts("default")[:N_PROMPTS]
+    prompts = code_prompts(N_PROMPTS)  # long greedy texts (the pair's chat answers are a few tokens)
     harvest(target, drafter, tok, prompts, tmp_path / "h", criteria=["greedy"], tree_widths=[], n_steps=N_STEPS,
             batch_size=1, stop_at_eos=False, order="given", progress=False)
     table = load_traces(tmp_path / "h").to_pydict()
@@ -49,7 +49,7 @@ def test_bf16_harvest_predicts_assisted_generation(tmp_path) -> None:
             table["prompt_index"]) if pi == i)
         tokens, drafts, verdicts = [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
         ties_here = [r[4] for r in rows]
-        ids = tok(prompt.text, add_special_tokens=False).input_ids
+        ids = tok(prompt, add_special_tokens=False).input_ids
         theirs = hf_assisted_generate(target, drafter, ids, policy=f"constant:{K}", max_new_tokens=len(tokens),
                                       eos_token_id=[])
         their_tokens = theirs.tokens.tolist()

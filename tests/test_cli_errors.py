@@ -296,7 +296,7 @@ CASES = [
     ("retrain-set-unknown-key", ["retrain", "--out", "{work}/out", "--set", "nosuch=1"],
      "companion retrain: --set nosuch=1: unknown config key 'nosuch'; known: seed, vocab_size, max_files, seq_len, "
      "max_position_embeddings, rope_theta, target.*, drafter.*, target_stage.*, drafter_stage.*, save_dtype, "
-     "num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, prompt_max_tokens, greedy_prompts, greedy_steps, "
+     "num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, prompt_max_tokens, greedy_prompts, greedy_steps, task_set, "
      "chat_conversations, natural_share, answer_only_loss, eval_conversations, regime_prompts, regime_steps, "
      "assisted_num_tokens, copy_warmup_steps, copy_share", None),
     ("retrain-set-unknown-nested-key", ["retrain", "--out", "{work}/out", "--set", "target_stage.nope=1"],

@@ -36,6 +36,8 @@ from companion.speculative import (
 )
 from companion.speculative.replay import gap_sentence, goal_sentence, versus_sentence
 
+from tests.pair_prompts import chat_prompts, code_prompts
+
 N_NEW = 24
 LOSSLESS = ["constant:0", "constant:1", "constant:4", "constant:8", "heuristic", "heuristic:5", "heuristic:20,0.4",
             "heuristic:5,0.4", "confidence:0.4", "confidence:0.7,6", "confidence:0.2"]
@@ -45,11 +47,10 @@ LOSSLESS = ["constant:0", "constant:1", "constant:4", "constant:8", "heuristic",
 def pair():
     torch.set_num_threads(1)
     from companion.models import load_pair
-    from companion.prompts import load_prompts
-
     target, drafter, tok = load_pair("default")
-    prompts = load_prompts("default")[:4]
-    ids = [tok(p.text, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts]
+    # source code first (long texts, cut at N_NEW), then a chat request (its answer ends with EOS)
+    texts = code_prompts(3) + chat_prompts(1)
+    ids = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
     recs = [record_chains(target, drafter, x, max_new_tokens=N_NEW) for x in ids]
     return target, drafter, ids, recs
 

@@ -37,6 +37,7 @@ from companion.speculative import (
     parse_policy,
 )
 from companion.speculative.policies import bellman, optimal_rate, pava
+from tests.pair_prompts import code_prompts
 
 N_NEW = 24
 BUILTIN = ["constant:1", "constant:4", "heuristic", "heuristic:5", "confidence:0.4", "heuristic:5,0.4",
@@ -48,11 +49,9 @@ CALIBRATED = ["certificate", "top1", "margin", "certificate:cal=kl"]
 def pair():
     torch.set_num_threads(1)
     from companion.models import load_pair
-    from companion.prompts import load_prompts
 
     target, drafter, tok = load_pair("default")
-    prompts = load_prompts("default")[:3]
-    ids = [tok(p.text, return_tensors="pt").input_ids for p in prompts]
+    ids = [tok(t, return_tensors="pt").input_ids for t in code_prompts(3)]  # long greedy texts
     with torch.inference_mode():
         refs = [target.generate(x, do_sample=False, max_new_tokens=N_NEW)[0, x.shape[1]:] for x in ids]
     return target, drafter, ids, refs
