@@ -103,17 +103,8 @@ def task_table(target: Any, tokenizer: Any, prompts: Sequence[Prompt], material:
         if not prompt.source.startswith("chat:") or prompt.line is None:
             continue
         task, valid = valid_answers(material, seed, int(prompt.line), "prompts", task_set)
-        ids = tokenizer(prompt.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-        n = ids.shape[1]
-        with torch.no_grad():
-            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
-                                  eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-            gen = seq[0, n:].tolist()
-            hits = [i for i, t in enumerate(gen) if t in eos]
-            k = hits[0] + 1 if hits else len(gen)
-            seq = seq[:, : n + k]
-            logits = target(input_ids=seq).logits[0, n - 1:-1].double()
-        text = tokenizer.decode(gen[: hits[0]] if hits else gen, skip_special_tokens=True)
+        gen, logits = greedy_answer(target, tokenizer, prompt.text, max_steps, eos)
+        text = tokenizer.decode(gen[:-1] if gen and gen[-1] in eos else gen, skip_special_tokens=True)
         probs = torch.softmax(logits, -1)
         top = probs.topk(10, dim=-1).values
         certs = certificates(logits, ["multiplicative:0.1"], "forward", tree_widths=[8], from_logits=True)
@@ -209,6 +200,22 @@ def training_requests(material: chat_mod.Material, seed: int, n: int, task_set: 
     return {chat_mod.generate(material, seed, i, "train", task_set)[1] for i in range(n)}
 
 
+def greedy_answer(target: Any, tokenizer: Any, prompt_text: str, max_steps: int,
+                  eos: Sequence[int]) -> tuple[list[int], torch.Tensor]:
+    """``(tokens, logits)``: the target's greedy answer to ``prompt_text`` (at most ``max_steps`` tokens, up to and
+    including its first token in ``eos``) and, teacher-forced in one forward, its float64 logits at each of them."""
+    ids = tokenizer(prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    with torch.no_grad():
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
+                              eos_token_id=list(eos), pad_token_id=tokenizer.pad_token_id)
+        gen = seq[0, n:].tolist()
+        hits = [i for i, t in enumerate(gen) if t in eos]
+        gen = gen[: hits[0] + 1] if hits else gen
+        logits = target(input_ids=seq[:, : n + len(gen)]).logits[0, n - 1:-1].double()
+    return gen, logits
+
+
 def uncertain_steps(target: Any, tokenizer: Any, prompt_text: str, max_steps: int = 128,
                     eos_ids: Sequence[int] | None = None, threshold: float = 0.9, k: int = 3) -> list[dict[str, Any]]:
     """The steps of the target's greedy answer to ``prompt_text`` whose top-1 probability is below ``threshold``.
@@ -218,15 +225,8 @@ def uncertain_steps(target: Any, tokenizer: Any, prompt_text: str, max_steps: in
     float64), likeliest first. The answer ends at its first end-of-turn token (``eos_ids``).
     """
     eos = sorted(set(eos_ids if eos_ids is not None else [tokenizer.eos_token_id]))
-    ids = tokenizer(prompt_text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    n = ids.shape[1]
-    with torch.no_grad():
-        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_steps, do_sample=False,
-                              eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-        gen = seq[0, n:].tolist()
-        hits = [i for i, t in enumerate(gen) if t in eos]
-        gen = gen[: hits[0] + 1] if hits else gen
-        probs = torch.softmax(target(input_ids=seq[:, : n + len(gen)]).logits[0, n - 1:-1].double(), -1)
+    gen, logits = greedy_answer(target, tokenizer, prompt_text, max_steps, eos)
+    probs = torch.softmax(logits, -1)
     out = []
     for step in range(len(gen)):
         top = probs[step].topk(k)
