@@ -473,7 +473,8 @@ def generate(material: Material, seed: int, index: int, stream: str = "train",
     return name, q, a
 
 
-def conversations(material: Material, seed: int, n: int, stream: str = "train", task_set: str = DEFAULT_TASK_SET) -> list[str]:
+def conversations(material: Material, seed: int, n: int, stream: str = "train",
+                  task_set: str = DEFAULT_TASK_SET) -> list[str]:
     """``n`` complete conversations (user turn, assistant turn, ``<|im_end|>``) of ``stream`` from ``seed``."""
     return [conversation(q, a) for _, q, a in (generate(material, seed, i, stream, task_set) for i in range(n))]
 

@@ -70,8 +70,8 @@ their countries, the day or month before or after, named sequences, opposites, p
 categories, animals' sounds and young, days of a month, month numbers, fruit colours) and place
 the ambiguity on purpose: each answer draws its wording (three), a fruit's colour where two are
 common, and its closing (none or one of two) with fixed weights 0.55 / 0.30 / 0.15 (two
-options: 0.65 / 0.35). ``--set task_set=closed --set prompt_min_tokens=12``, otherwise the default
-recipe; two builds side by side, one per core, with the stdlib share at 0.15 (committed) and at
+options: 0.65 / 0.35). Built with ``--set task_set=closed --set prompt_min_tokens=12`` on the
+recipe of the time (both are the defaults now); two builds side by side, one per core, with the stdlib share at 0.15 (committed) and at
 0. Measured on the target's own greedy answers to the 64 regime prompts (``pair-report``), goal
 in brackets:
 
