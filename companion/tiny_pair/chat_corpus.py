@@ -1,5 +1,9 @@
 """A rule-generated chat corpus: a stand-in for the regime of a chat LLM under greedy decoding.
 
+This module holds the corpus machinery (chat format, generation, prompt sets) and the "mixed"
+task set described below, the earlier recipe's; the committed pair is trained on the "closed"
+set of :mod:`companion.tiny_pair.closed_tasks` (``TrainConfig.task_set``).
+
 Why: most of a chat model's greedy answer is determined by its context (it restates, reformats,
 extracts, continues), so most of its steps are near-certain and a few are genuinely open. A
 5M-parameter model trained for an hour on natural text alone stays far from that regime (its
@@ -80,7 +84,7 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
           "November", "December")
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 FIELDS = ("name", "city", "job", "color", "fruit", "pet", "age", "id")
-#: (country, capital): facts the model memorises, as a chat model answers from memory.
+#: Countries and their capitals, facts the model memorises as a chat model answers from memory.
 CAPITALS = (
     ("France", "Paris"), ("Germany", "Berlin"), ("Spain", "Madrid"), ("Italy", "Rome"), ("Austria", "Vienna"),
     ("Norway", "Oslo"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Greece", "Athens"),
@@ -390,7 +394,7 @@ def task_code_continue(rng: random.Random, m: Material) -> tuple[str, str]:
 
 Task = Callable[[random.Random, Material], tuple[str, str]]
 
-#: Task table with weights: mostly prompt-determined answers, a few open-ended ones (last two).
+#: Task table with weights, mostly prompt-determined answers and a few open-ended ones (last two).
 #: Not here on purpose: answers that copy a free list item by item (repeat it, bullet it, write it as a
 #: Python list, list the names a code block defines, rename in code). A 5M model trained on ~4M tokens
 #: does not learn that ordered copying (its top-1 probability on such answers was ~0.1 and it often ran

@@ -15,7 +15,7 @@ offers one (a ripe apple is red or green; a grape green or purple), and its clos
 one of two closing sentences, :data:`CLOSINGS`). A model that learns the corpus is near-certain
 everywhere except at those places, where its mass is split over those few tokens.
 
-Every alternative goes through :func:`companion.tiny_pair.chat_corpus._answer` (looked up on the
+Every alternative goes through ``companion.tiny_pair.chat_corpus._answer`` (looked up on the
 module at call time), so :func:`companion.tiny_pair.tasks_report.valid_answers` can enumerate every
 answer the generator could have written. The facts below are written for this module.
 """
@@ -26,12 +26,13 @@ import random
 from companion.tiny_pair import chat_corpus as chat
 from companion.tiny_pair.chat_corpus import CAPITALS, MONTHS, WEEKDAYS, Material, Task
 
-#: Weights of two and of three alternatives: unequal, so that the most likely one is clear
-#: (a greedy decoder and a drafter agree on it) while the others keep a large share.
+#: Weights of two alternatives, unequal so that the most likely one is clear (a greedy decoder
+#: and a drafter agree on it) while the other keeps a large share.
 W2 = (0.65, 0.35)
+#: Weights of three alternatives, unequal for the same reason.
 W3 = (0.55, 0.3, 0.15)
 
-#: How an answer ends: nothing more (most often), or one of two closing sentences.
+#: How an answer ends, nothing more (most often) or one of two closing sentences.
 CLOSINGS = ("", "\n\nHope that helps!", "\n\nLet me know if you need anything else.")
 
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -45,7 +46,7 @@ OPPOSITES = (
     ("clean", "dirty"), ("light", "dark"), ("above", "below"), ("always", "never"), ("cheap", "expensive"),
 )
 
-#: (animal, what it does as a sound, its young): one noun form per animal.
+#: Each animal with the sound it makes and the name of its young, one noun form per animal.
 ANIMAL_FACTS = (
     ("dog", "barks", "puppy"), ("cat", "meows", "kitten"), ("horse", "neighs", "foal"), ("cow", "moos", "calf"),
     ("sheep", "bleats", "lamb"), ("goat", "bleats", "kid"), ("duck", "quacks", "duckling"),
@@ -63,7 +64,7 @@ PLURALS = (
     ("box", "boxes"), ("bus", "buses"), ("city", "cities"), ("baby", "babies"), ("party", "parties"),
 )
 
-#: Fruit -> the colours a ripe one has (two where both are common: an open choice of content).
+#: Each fruit with the colours a ripe one has (two where both are common, an open choice of content).
 FRUIT_COLORS = (
     ("banana", ("yellow",)), ("lemon", ("yellow",)), ("lime", ("green",)), ("cherry", ("red",)),
     ("plum", ("purple",)), ("strawberry", ("red",)), ("blueberry", ("blue",)), ("raspberry", ("red",)),

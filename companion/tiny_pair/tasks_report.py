@@ -6,9 +6,10 @@ first end-of-turn token). Two things are measured:
 
 * **content exact-match**: the answer, stripped of surrounding white space, is one the generator
   could have written for that request. The request is regenerated from ``(seed, line)``; every
-  wording the task offers (its house style and the others, each with or without the task's
-  closing sentence) is a valid answer, so only the content decides. ``extract`` answers are
-  compared as their ``(field, value)`` pairs, in either of the task's two layouts;
+  alternative the task offers is a valid answer (the "mixed" set's wordings, each with or without
+  its closing sentence; the "closed" set's wordings, closings and open choices of content), so
+  only what the request fixes decides. "mixed" ``extract`` answers are compared as their
+  ``(field, value)`` pairs, in either of the task's two layouts;
 * **the regime of its steps**, on the target's own greedy answer: top-1 probability, top-10 mass,
   the width-8 greedy-tree forward certificate and the ``multiplicative:0.1`` forward certificate
   (the 5th percentile of each is what the uncertain steps look like).
