@@ -1,9 +1,13 @@
 """Loading a target/drafter pair through the standard ``from_pretrained`` path.
 
-``load_pair("default")`` gives the embedded tiny Qwen3 pair that ships with the package; the same
-function loads hub ids or local folders (``load_pair("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B")``), so
-every experiment runs the same code on the tiny pair and on the paper's models. Presets are a
-plain name -> (target, drafter) table that other modules may extend via :func:`register_preset`.
+``load_pair("smollm2")`` gives SmolLM2-135M-Instruct, a real instruct LLM whose weights come
+from the package index (:mod:`companion.smollm2`); ``load_pair("closed-world")`` (also called
+``"default"``, its former name) the embedded tiny Qwen3 pair trained on a closed world, which ships
+with the package. The same function loads hub ids or local folders
+(``load_pair("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B")``), so every experiment runs the same code on
+these and on the paper's models. Presets are a plain name -> (target, drafter) table that other
+modules may extend via :func:`register_preset`; a preset whose files must first be made (the
+SmolLM2 conversion) is resolved when it is loaded.
 """
 from __future__ import annotations
 
@@ -11,14 +15,16 @@ import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from companion.devices import resolve_device
+from companion import smollm2
 from companion.assets import DEFAULT_PAIR_DIR as ASSET_DIR
+from companion.devices import resolve_device
 
 PathLike = str | os.PathLike[str]
 
@@ -32,13 +38,21 @@ class PairSpec:
     tokenizer: str | None = None
 
 
-_PRESETS: dict[str, PairSpec] = {
-    "default": PairSpec(
-        target=str(ASSET_DIR / "target"),
-        drafter=str(ASSET_DIR / "drafter"),
-        tokenizer=str(ASSET_DIR / "tokenizer"),
-    ),
-}
+_CLOSED_WORLD = PairSpec(
+    target=str(ASSET_DIR / "target"),
+    drafter=str(ASSET_DIR / "drafter"),
+    tokenizer=str(ASSET_DIR / "tokenizer"),
+)
+_PRESETS: dict[str, PairSpec] = {"closed-world": _CLOSED_WORLD, "default": _CLOSED_WORLD}
+
+
+def _smollm2_spec() -> PairSpec:
+    folder = str(smollm2.ensure_converted())
+    return PairSpec(target=folder, drafter=None, tokenizer=folder)
+
+
+#: Presets whose folders are made on first use (name -> a function that makes them and names them).
+_LAZY_PRESETS: dict[str, Callable[[], PairSpec]] = {"smollm2": _smollm2_spec}
 
 
 class WeightsUnavailableError(OSError):
@@ -48,6 +62,8 @@ class WeightsUnavailableError(OSError):
 def register_preset(name: str, target: str, drafter: str | None = None, tokenizer: str | None = None) -> None:
     """Make ``load_pair(name)`` load the given parts. Re-registering a name with a different spec is an error."""
     spec = PairSpec(target, drafter, tokenizer)
+    if name in _LAZY_PRESETS:
+        raise ValueError(f"preset {name!r} is built in and cannot be registered again")
     if name in _PRESETS and _PRESETS[name] != spec:
         raise ValueError(f"preset {name!r} already registered as {_PRESETS[name]}")
     _PRESETS[name] = spec
@@ -55,7 +71,20 @@ def register_preset(name: str, target: str, drafter: str | None = None, tokenize
 
 def preset_names() -> list[str]:
     """Names accepted by ``load_pair`` as presets."""
-    return sorted(_PRESETS)
+    return sorted({*_PRESETS, *_LAZY_PRESETS})
+
+
+def resolve_preset(name: str) -> PairSpec | None:
+    """The parts of the preset ``name`` (making them first for a lazy preset), or None if it is no preset.
+
+    Raises :class:`WeightsUnavailableError` when a lazy preset's files cannot be made here.
+    """
+    if name in _LAZY_PRESETS:
+        try:
+            return _LAZY_PRESETS[name]()
+        except smollm2.SmolLM2Unavailable as err:
+            raise WeightsUnavailableError(str(err)) from err
+    return _PRESETS.get(name)
 
 
 MODEL_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32", "float64")
@@ -116,7 +145,7 @@ def is_bare_name(name: PathLike) -> bool:
 
 
 def _bare_name_error(kind: str, name: str) -> WeightsUnavailableError:
-    close = difflib.get_close_matches(name, list(_PRESETS), n=1)
+    close = difflib.get_close_matches(name, preset_names(), n=1)
     hint = f" Did you mean the preset {close[0]!r}?" if close else ""
     return WeightsUnavailableError(
         f"Could not load the {kind} {name!r}: it is not a preset ({', '.join(preset_names())}), not a local folder, "
@@ -213,8 +242,8 @@ def load_pair(
 ) -> tuple[PreTrainedModel, PreTrainedModel | None, PreTrainedTokenizerBase]:
     """Load ``(target, drafter, tokenizer)``; models in eval mode on ``device`` in ``dtype``.
 
-    ``target`` is a preset name (see :func:`preset_names`; ``"default"`` is the embedded pair and
-    brings its drafter), a hub id or a local folder. ``drafter`` None means the preset's drafter
+    ``target`` is a preset name (see :func:`preset_names`; ``"closed-world"``, also ``"default"``,
+    is the embedded pair and brings its drafter; ``"smollm2"`` is SmolLM2-135M-Instruct), a hub id or a local folder. ``drafter`` None means the preset's drafter
     (none for a hub id or folder); ``False`` means no drafter even when the preset has one (None
     is then returned in its place). The tokenizer comes from ``tokenizer`` if given, else from
     the target. Every tokenizer involved must have the same vocabulary: the drafter's own, and
@@ -224,8 +253,8 @@ def load_pair(
     offline.
     """
     target_name = os.fspath(target)
-    if target_name in _PRESETS:
-        spec = _PRESETS[target_name]
+    spec = resolve_preset(target_name)
+    if spec is not None:
         target_name = spec.target
         drafter = drafter if drafter is not None else spec.drafter
         tokenizer = tokenizer if tokenizer is not None else spec.tokenizer

