@@ -47,8 +47,9 @@ _PRESETS: dict[str, PairSpec] = {"closed-world": _CLOSED_WORLD, "default": _CLOS
 
 
 def _smollm2_spec() -> PairSpec:
-    folder = str(smollm2.ensure_converted())
-    return PairSpec(target=folder, drafter=None, tokenizer=folder)
+    folder = smollm2.ensure_converted()
+    drafter = smollm2.drafter_dir(folder, vocabulary_sha256(load_tokenizer(folder)))
+    return PairSpec(target=str(folder), drafter=str(drafter) if drafter else None, tokenizer=str(folder))
 
 
 #: Presets whose folders are made on first use (name -> a function that makes them and names them).
@@ -211,6 +212,15 @@ def load_model(
     except (OSError, HFValidationError) as err:
         raise _unavailable("model", name, err) from err
     return model.to(dev).eval()
+
+
+def vocabulary_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of a tokenizer's token -> id map (sorted by id): what a drafter must share with its target."""
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=True).encode()).hexdigest()
 
 
 def check_same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase, names: tuple[str, str]) -> None:

@@ -233,6 +233,69 @@ def ensure_converted(*, root: Path | None = None, progress: bool = True) -> Path
     return folder
 
 
+def _drafter_asset_dir() -> Path:
+    from companion.assets import SMOLLM2_DRAFTER_DIR
+
+    return SMOLLM2_DRAFTER_DIR
+
+
+def drafter_dir(target_folder: Path, vocabulary_sha256: str, *, root: Path | None = None) -> Path | None:
+    """A loadable folder of the committed drafter (``companion build-drafter``), or None if none is committed.
+
+    The committed folder holds the drafter's weights and config but no tokenizer: its manifest
+    records the sha256 of the vocabulary it was trained on, which must be ``vocabulary_sha256``
+    (the converted target tokenizer's), and the sha256 of each of its files, which are checked.
+    The folder returned is a cache folder holding those files and the target's tokenizer files,
+    so that it loads like any ``save_pretrained`` folder.
+    """
+    asset = _drafter_asset_dir()
+    manifest_path = asset / "manifest.json"
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = dict(manifest["files_sha256"])
+        trained_on = str(manifest["vocabulary_sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SmolLM2Unavailable(f"{manifest_path} is not a drafter manifest ({type(err).__name__}: {err}); rebuild it "
+                                 "with `companion build-drafter --out companion/assets/smollm2_drafter`") from None
+    if trained_on != vocabulary_sha256:
+        raise SmolLM2Unavailable(
+            f"the drafter in {asset} was trained on another vocabulary (sha256 {trained_on[:16]}...) than the converted "
+            f"target's ({vocabulary_sha256[:16]}...); rebuild it with `companion build-drafter`")
+    weights = files.get("model.safetensors")
+    if not weights:
+        raise SmolLM2Unavailable(f"{manifest_path} lists no model.safetensors")
+    root = root or cache_root()
+    folder = root / f"smollm2-drafter-{weights[:16]}"
+    if (folder / _RECORD).is_file():
+        return folder
+    for name, digest in files.items():
+        path = asset / name
+        if not path.is_file() or file_sha256(path) != digest:
+            raise SmolLM2Unavailable(f"{path} is missing or damaged (its sha256 is not the {digest[:16]}... that "
+                                     f"{manifest_path.name} records); restore it from the repository")
+    with _locked(root):
+        if (folder / _RECORD).is_file():
+            return folder
+        tmp = root / f".{folder.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            for name in files:
+                shutil.copyfile(asset / name, tmp / name)
+            for f in sorted(target_folder.iterdir()):
+                if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                    shutil.copyfile(f, tmp / f.name)
+            (tmp / _RECORD).write_text(json.dumps({"drafter_files_sha256": files}, indent=1, sort_keys=True) + "\n")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m companion.smollm2``: convert once (scripts/setup.sh runs it) and print the folder."""
     import argparse

@@ -7,3 +7,7 @@ from pathlib import Path
 
 #: Folder of the committed pair: ``tokenizer/``, ``target/``, ``drafter/``, ``prompts.jsonl``, ``manifest.json``.
 DEFAULT_PAIR_DIR: Path = Path(__file__).resolve().parent / "default_pair"
+
+#: Folder of SmolLM2-135M-Instruct's drafter (``companion build-drafter``): ``config.json``,
+#: ``generation_config.json``, ``model.safetensors``, ``manifest.json``; no tokenizer (the target's).
+SMOLLM2_DRAFTER_DIR: Path = Path(__file__).resolve().parent / "smollm2_drafter"
