@@ -1025,9 +1025,10 @@ def _bill(r: random.Random) -> str:
 
 
 def _ages(r: random.Random) -> str:
-    while True:  # an integer answer: the sister is k times as old now and m times as old in y years
+    while True:  # whole ages: she is k times as old now, m times in `years` years, and at least 24 (an aunt)
         child, k, years = r.randint(3, 15), r.randint(3, 6), r.randint(2, 20)
-        if (k * child + years) % (child + years) == 0 and 2 <= (k * child + years) // (child + years) < k:
+        if k * child >= 24 and (k * child + years) % (child + years) == 0 \
+                and 2 <= (k * child + years) // (child + years) < k:
             m = (k * child + years) // (child + years)
             break
     words = {2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "six times"}  # k <= 6
