@@ -1,4 +1,9 @@
-"""Prompt sets: the default held-out prompts of the embedded pair, or a file of your own.
+"""Prompt sets: the project's chat requests, the closed-world pair's held-out prompts, or a file of your own.
+
+Named sets: ``chat-requests`` (:mod:`companion.chat_requests`, SmolLM2's template; its held-out
+requests first, in the seeded order whose first ``n`` are the default build's sample, then its
+training split), ``chat-requests-train`` (the training split alone, which the drafter is built
+from), and ``default`` (the closed-world pair's held-out prompts).
 
 A prompt file is either
 
@@ -22,9 +27,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from companion.tiny_pair import ASSET_DIR
+from companion.assets import CHAT_REQUESTS_DIR, DEFAULT_PAIR_DIR
 
-PRESET_PROMPT_FILES: dict[str, Path] = {"default": ASSET_DIR / "prompts.jsonl"}
+PRESET_PROMPT_FILES: dict[str, Path] = {
+    "default": DEFAULT_PAIR_DIR / "prompts.jsonl",
+    "chat-requests": CHAT_REQUESTS_DIR / "prompts.jsonl",
+    "chat-requests-train": CHAT_REQUESTS_DIR / "prompts.jsonl",
+}
+#: Named sets that keep only some records of their file: name -> the ``source`` suffix kept.
+PRESET_PROMPT_FILTERS: dict[str, str] = {"chat-requests-train": ":train"}
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 RECORD_FIELDS = "'text' (a non-empty string; optional: 'prompt_id', 'n_tokens', 'source', 'line')"
 
@@ -97,7 +108,7 @@ def _record(obj: Any, path: Path, n: int) -> Prompt:
 
 
 def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
-    """Load a prompt set: a preset name (``"default"``: the embedded pair's held-out prompts) or a file.
+    """Load a prompt set: a name (see the module docstring) or a file.
 
     JSONL or plain text by the file's suffix (see the module docstring). Raises
     ``FileNotFoundError`` for a missing file and ``ValueError`` naming ``file:line`` for a line
@@ -126,7 +137,8 @@ def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
         prompts.append(prompt)
     if not prompts:
         raise ValueError(f"{path}: no prompts (the file has no non-blank line)")
-    return prompts
+    keep = PRESET_PROMPT_FILTERS.get(str(name_or_path))
+    return [p for p in prompts if p.source.endswith(keep)] if keep else prompts
 
 
 def with_token_counts(prompts: list[Prompt], count: Callable[[str], int]) -> list[Prompt]:
