@@ -59,14 +59,16 @@ def test_select_rejects_unknown_and_ambiguous() -> None:
 
 def test_shipped_profiles_load() -> None:
     cpu, gpu = load_profile(ROOT, "cpu"), load_profile(ROOT, "gpu")
-    assert cpu.parameters["device"] == "cpu" and cpu.parameters["preset"] == "default"
+    # The cpu profile leaves each chapter on its own default preset (chapter 7: SmolLM2).
+    assert cpu.parameters["device"] == "cpu" and "preset" not in cpu.parameters
     assert gpu.parameters["device"] == "cuda" and gpu.parameters["preset"].startswith("paper-qwen3")
     assert gpu.parameters["n_prompts"] == 500 and gpu.parameters["n_steps"] == 128
 
 
 def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     cpu, full = load_profile(ROOT, "cpu"), load_profile(ROOT, "full")
-    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 12} and full.notebooks == {}
+    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 12}
+    assert full.notebooks == {"07_paper_evaluation": {"n_prompts": 500}}
     assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 12
     # the default build trims chapter 10 to 6 prompts: the notebook's own default
     from companion.book.parameters import notebook_parameters
