@@ -407,8 +407,8 @@ CASES = [
      "companion reproduce: error: cannot parse profile {work}/bad.yml: expected ',' or ']', but got '<stream end>' "
      "(line 2, column 1)", _profile_file(b"parameters: [1, 2\n")),
     ("reproduce-profile-wide-typo", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
-     "companion reproduce: error: profile 'bad' sets sed in 'parameters', which no chapter declares (declared: "
-     "device, n_prompts, preset, seed)", _profile_file(b"parameters: {sed: 1}\n")),
+     "companion reproduce: error: profile 'bad' sets sed in 'parameters', which no chapter declares; did you mean "
+     "seed? (declared: device, n_prompts, preset, seed)", _profile_file(b"parameters: {sed: 1}\n")),
     ("reproduce-jobs-0", ["reproduce", "--root", "{work}/project", "--jobs", "0"],
      "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got '0'" + RHELP,
      _project),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,8 +267,9 @@ def plan_parameters(
 
     Profile-wide values a notebook does not declare are skipped (chapters share one profile),
     but a profile-wide name that no chapter of the book declares (``book_declared``: the names
-    every existing chapter declares, selected or not) is a typo and is refused, as ``-p`` refuses
-    one; anything named explicitly for a chapter, or on the command line, must be declared.
+    every existing chapter declares, selected or not) and that is close to a declared one
+    (``difflib``, ratio >= 0.75: ``sed`` for ``seed``) is a typo and is refused; anything named
+    explicitly for a chapter, or on the command line, must be declared.
     With ``defaults`` (:func:`notebook_parameters` of each chapter), every value must fit the
     type of the notebook's default (:func:`value_fits_default`), so a mistyped value is refused
     before any notebook runs.
@@ -276,11 +278,14 @@ def plan_parameters(
     if unknown:
         raise ReproduceError(f"profile {profile.name!r} names unknown chapters: {sorted(unknown)}")
     if book_declared is not None:
-        typos = sorted(set(profile.parameters) - book_declared)
-        if typos:
-            raise ReproduceError(
-                f"profile {profile.name!r} sets {', '.join(map(str, typos))} in 'parameters', which no chapter "
-                f"declares (declared: {', '.join(sorted(book_declared))})")
+        for name in sorted(map(str, set(profile.parameters) - book_declared)):
+            # A name close to a declared one is a typo (sed for seed); others may be meant for chapters
+            # this book does not have (test books share the repository's profiles), and stay skipped.
+            close = difflib.get_close_matches(name, sorted(book_declared), n=1, cutoff=0.75)
+            if close:
+                raise ReproduceError(
+                    f"profile {profile.name!r} sets {name} in 'parameters', which no chapter declares; did you "
+                    f"mean {close[0]}? (declared: {', '.join(sorted(book_declared))})")
     plans: dict[str, dict[str, Any]] = {}
     for chapter in chapters:
         names = declared[chapter.name]

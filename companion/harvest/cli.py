@@ -7,7 +7,10 @@ Examples::
     accelerate launch --num_processes 4 -m companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b
 
 Rerunning the same command resumes an interrupted harvest; a different configuration into the
-same ``--out`` is refused.
+same ``--out`` is refused. One process writes a folder at a time: a second harvest of the same
+``--out`` (or a chapter harvesting it through ``chapter_traces``) says in one line that it waits,
+waits for the lock ``<out>.lock`` beside the folder, then resumes what the first one wrote
+(``companion.harvest.cache.exclusive``).
 
 Every mistake that can be found without the models (options, folders, the prompt file, the
 output folder, the device) is found before they load, and ends the command with one line on

@@ -98,7 +98,11 @@ verified steps.
 
 Knobs (``name=value``, comma separated): ``c`` (0.28), ``v1`` (1.5), ``dv`` (0.025), ``kmax`` (16),
 ``prior`` (0.8), ``n0`` (4), ``bins`` (16), ``cal`` (``bins`` or ``kl``), ``explore`` (8, 0 = never),
-``window`` (0 = all verified steps).
+``window`` (0 = all verified steps). Ranges: ``c``, ``dv`` finite and >= 0; ``v1``, ``n0`` finite and
+> 0; ``prior`` in [0, 1]; ``kmax``, ``bins`` integers >= 1; ``explore``, ``window`` integers >= 0.
+One check (:func:`check_knob`, run by :class:`Calibrated` itself) serves a spec string, the keyword
+defaults of :func:`parse_policy` and a direct construction alike; a value out of range, NaN or
+infinite (``c=1e400`` reads as infinity) is refused in one line.
 """
 from __future__ import annotations
 
