@@ -452,8 +452,8 @@ CASES = [
      "companion pair-report: --pair {work}/pair/prompts.jsonl:1: not valid JSON (Expecting value at column 1); "
      "each line must be one JSON object with " + FIELDS, _pair_folder(prompts=b"not json\n")),
     ("retrain-set-dtype-bogus", ["retrain", "--out", "{work}/out", "--set", "save_dtype=bogus"],
-     "companion retrain: --set save_dtype=bogus: expected one of float16, bfloat16, float32 (now 'float16'), "
-     "got 'bogus'", None),
+     "companion retrain: --set save_dtype=bogus: unknown save dtype 'bogus'; expected one of float16, bfloat16, "
+     "float32", None),
     ("retrain-set-threads-0", ["retrain", "--out", "{work}/out", "--set", "num_threads=0"],
      "companion retrain: --set num_threads=0: expected an integer >= 1 (now 1), got '0'", None),
     ("retrain-set-steps-negative", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=-5"],

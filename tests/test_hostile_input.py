@@ -283,8 +283,8 @@ OVERRIDE_CASES = [
     ("vocab-0", {"vocab_size": "0"}, "vocab_size=0: expected an integer >= 262 (now 4096), got '0'"),
     ("max-files-negative", {"max_files": "-3"}, "max_files=-3: expected an integer >= 1 or none (now None), got '-3'"),
     ("max-files-text", {"max_files": "abc"}, "max_files=abc: expected an integer >= 1 or none (now None), got 'abc'"),
-    ("save-dtype-int8", {"save_dtype": "int8"}, "save_dtype=int8: expected one of float16, bfloat16, float32 (now "
-                                                "'float16'), got 'int8'"),
+    ("save-dtype-int8", {"save_dtype": "int8"}, "save_dtype=int8: unknown save dtype 'int8'; expected one of float16, "
+                                                "bfloat16, float32"),
     ("threads-0", {"num_threads": "0"}, "num_threads=0: expected an integer >= 1 (now 1), got '0'"),
     ("seed-huge", {"seed": "99999999999999999999999"}, "seed=99999999999999999999999: expected an integer in [0, "
                                                        "4611686018427387904] (now 0), got '99999999999999999999999'"),

@@ -244,6 +244,7 @@ class FieldRule:
     choices: tuple[str, ...] = ()
     optional: bool = False
     even: bool = False
+    noun: str = ""  # text fields: what a value names ("chat task set"), for "unknown chat task set 'x'"
 
     def describe(self) -> str:
         """The rule in words, as the refusals print it (``an integer >= 1``, ``a finite number in [0, 1)``)."""
@@ -300,7 +301,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "rope_theta": FieldRule(float, 0.0, lo_open=True),
     **{f"{group}.{k}": rule for group in ("target", "drafter") for k, rule in _MODEL.items()},
     **{f"{group}.{k}": rule for group in ("target_stage", "drafter_stage") for k, rule in _STAGE.items()},
-    "save_dtype": FieldRule(str, choices=("float16", "bfloat16", "float32")),
+    "save_dtype": FieldRule(str, choices=("float16", "bfloat16", "float32"), noun="save dtype"),
     "num_threads": _COUNT,
     "eval_max_tokens": _COUNT,
     "n_prompts": _COUNT,
@@ -308,7 +309,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "prompt_max_tokens": _COUNT,
     "greedy_prompts": _COUNT,
     "greedy_steps": _COUNT,
-    "task_set": FieldRule(str, choices=TASK_SETS),
+    "task_set": FieldRule(str, choices=TASK_SETS, noun="chat task set"),
     "chat_conversations": _COUNT,
     # shares s of the training windows: the other windows are scaled by s / (1 - s), so s < 1
     "natural_share": FieldRule(float, 0.0, 1.0, hi_open=True),
@@ -442,5 +443,7 @@ def _parse_like(old: Any, raw: str, key: str) -> Any:
     else:
         value = raw
     if not rule.holds(value):
+        if rule.kind is str and rule.noun:
+            raise ConfigOverrideError(f"{key}={raw}: unknown {rule.noun} {raw!r}; expected {rule.describe()}")
         raise ConfigOverrideError(expected)
     return value
