@@ -95,6 +95,7 @@ float64 on the input's device; results are float64 with the input's leading shap
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
@@ -114,7 +115,8 @@ from companion.summary import (
     summarize,
     summarize_partial,
 )
-from companion.validation import check_distribution_tensor, check_divergence, check_token, check_tree_width
+from companion.validation import (check_distribution_tensor, check_divergence, check_token, check_tree_width,
+                                  warn_if_probabilities)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,6 +533,26 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     return out
 
 
+def _warn_if_probabilities_as_logits(p: Tensor) -> None:
+    """One ``UserWarning`` when the rows of ``p``, given with ``from_logits=True``, look like probabilities.
+
+    The same check and warning as :func:`companion.verdicts.certified` (``warn_if_probabilities``):
+    softmax of probabilities is nearly uniform, so every certificate comes out wrong without an
+    error (MARS reads the logits themselves: its relaxation ``z(2) / z(1) > theta`` then compares
+    two probabilities). The warning points at the first caller outside this module (the public
+    wrappers :func:`certificate` and :func:`tree_certificate` call :func:`certificates`), and is
+    not repeated when that caller is ``certified()``, which has just run the check on this ``p``.
+    """
+    depth = 2  # this function's caller (certificates), then its callers
+    while sys._getframe(depth).f_globals.get("__name__") == __name__:
+        depth += 1
+    caller = sys._getframe(depth)
+    if caller.f_globals.get("__name__") == "companion.verdicts" and caller.f_code.co_name == "certified":
+        return
+    # stacklevel counts from warn_if_probabilities (1); this function is 2, the frame `depth` above it depth + 2
+    warn_if_probabilities(p, "target logits", stacklevel=depth + 2)
+
+
 def certificates(
     p: Tensor,
     criteria: Sequence[Criterion | str] | Criterion | str = (),
@@ -554,7 +576,9 @@ def certificates(
     ``from_logits``) that the caller already has, with at least ``top`` values; it saves the
     ``topk`` pass. ``ties``: ``"worst"`` (default; sound for every decoder that breaks exact ties
     in a fixed way, e.g. by token id) or ``"level-set"`` (every token tied at the threshold counts
-    as accepted; for analysis only): see the module docstring.
+    as accepted; for analysis only): see the module docstring. With ``from_logits=True``, a ``p``
+    whose every row lies in [0, 1] and sums to 1 (probabilities, most likely) draws one
+    ``UserWarning`` per call, as in :func:`companion.verdicts.certified`.
     """
     check_ties(ties)
     vocab = _check_p(p, from_logits)
@@ -564,6 +588,8 @@ def certificates(
     for c in crits:
         c.check_vocab(vocab)
         c.check_inputs(from_logits)
+    if from_logits:
+        _warn_if_probabilities_as_logits(p)
     k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
     known = None
     if summary is None:

@@ -269,8 +269,10 @@ def certificates_from_logprobs(
         values_lp, dropped = _split_top(logprobs.detach().to("cpu", torch.float64).reshape(-1, logprobs.shape[-1]), k)
         device = logprobs.device
     else:
-        if isinstance(logprobs, (str, bytes, Mapping)):
-            raise ValueError("logprobs must be a tensor [..., k] or a list with one entry per step")
+        if isinstance(logprobs, (str, bytes, Mapping)) or not isinstance(logprobs, Iterable):
+            # None, a bare number, a string or one step's dict: name what was given (list() would raise TypeError)
+            raise ValueError(f"logprobs must be a tensor [..., k] or a list with one entry per step, "
+                             f"got {type(logprobs).__name__}")
         values_lp, dropped = _rows_from_lists(list(logprobs), top_k)
         lead, k, device = torch.Size([values_lp.shape[0]]), values_lp.shape[1], torch.device("cpu")
     n = values_lp.shape[0]

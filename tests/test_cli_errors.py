@@ -122,7 +122,8 @@ def _project(work: Path, ctx: dict, monkeypatch) -> None:
     shutil.copy2(ROOT / "_config.yml", root)
     shutil.copytree(ROOT / "profiles", root / "profiles")
     (root / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: notebooks/07_eval\n")
-    write_notebook(root / "notebooks" / "07_eval.ipynb", 'device = "auto"\nn_prompts = 64  # the paper: 500',
+    write_notebook(root / "notebooks" / "07_eval.ipynb",
+                   'device = "auto"\nseed = 0\npreset = "default"\nn_prompts = 64  # the paper: 500',
                    "raise RuntimeError('must not run')")
 
 
@@ -142,6 +143,47 @@ def _not_a_project(work: Path, ctx: dict, monkeypatch) -> None:
 def _read_only_figures(work: Path, ctx: dict, monkeypatch) -> None:
     _project(work, ctx, monkeypatch)
     _read_only_out(work, ctx, monkeypatch)
+
+
+def _profile_file(content: bytes):
+    """The test project, and a profile file ``bad.yml`` holding ``content``."""
+    def setup(work: Path, ctx: dict, monkeypatch) -> None:
+        _project(work, ctx, monkeypatch)
+        (work / "bad.yml").write_bytes(content)
+    return setup
+
+
+def _pair_folder(change=None, prompts: bytes | None = None):
+    """A folder with every part of a pair (the committed manifest, empty model configs), then ``change``
+    applied to its manifest (a dict) or ``prompts`` written as its prompts.jsonl."""
+    def setup(work: Path, ctx: dict, monkeypatch) -> None:
+        from companion.tiny_pair import ASSET_DIR
+
+        pair = work / "pair"
+        for part in ("target", "drafter"):
+            (pair / part).mkdir(parents=True)
+            (pair / part / "config.json").write_text("{}")
+        manifest = json.loads((ASSET_DIR / "manifest.json").read_text())
+        if change is not None:
+            manifest = change(manifest)
+        (pair / "manifest.json").write_text(json.dumps(manifest))
+        (pair / "prompts.jsonl").write_bytes(prompts if prompts is not None else
+                                             (ASSET_DIR / "prompts.jsonl").read_bytes())
+    return setup
+
+
+def _with(key: str, value):
+    def change(m: dict) -> dict:
+        m[key] = value
+        return m
+    return change
+
+
+def _with_config(key: str, value):
+    def change(m: dict) -> dict:
+        m["config"][key] = value
+        return m
+    return change
 
 
 RHELP = " (see `companion reproduce --help`)"
@@ -304,9 +346,10 @@ CASES = [
      "target_stage.steps, target_stage.batch_size, target_stage.lr, target_stage.warmup_steps, "
      "target_stage.min_lr_ratio, target_stage.weight_decay, target_stage.grad_clip", None),
     ("retrain-set-not-an-integer", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=abc"],
-     "companion retrain: --set target_stage.steps=abc: expected an integer (now 2000), got 'abc'", None),
+     "companion retrain: --set target_stage.steps=abc: expected an integer >= 1 (now 2000), got 'abc'", None),
     ("retrain-set-not-a-number", ["retrain", "--out", "{work}/out", "--set", "target_stage.lr=fast"],
-     "companion retrain: --set target_stage.lr=fast: expected a number (now 0.003), got 'fast'", None),
+     "companion retrain: --set target_stage.lr=fast: expected a finite number in (0, inf) (now 0.003), got 'fast'",
+     None),
     ("retrain-set-not-a-boolean", ["retrain", "--out", "{work}/out", "--set", "answer_only_loss=maybe"],
      "companion retrain: --set answer_only_loss=maybe: expected true or false, got 'maybe'", None),
     ("retrain-set-a-group", ["retrain", "--out", "{work}/out", "--set", "drafter=3"],
@@ -347,6 +390,95 @@ CASES = [
      "companion pair-report: --pair {work}/file.txt is a file; " + PAIR_PARTS, _folders),
     ("reproduce-unknown-option", ["reproduce", "--root", "{work}/project", "--profiles", "gpu"],
      "companion reproduce: unrecognized arguments: --profiles gpu (see `companion reproduce --help`)", _project),
+    # issue 34: profiles of every shape, --jobs, pair-report on damaged or foreign pairs, retrain --set ranges
+    ("reproduce-profile-list", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: profile {work}/bad.yml must be a YAML mapping with the keys description, "
+     "parameters and notebooks, got a list of 1 item", _profile_file(b"- parameters: {}\n")),
+    ("reproduce-profile-number", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: profile {work}/bad.yml must be a YAML mapping with the keys description, "
+     "parameters and notebooks, got the int 42", _profile_file(b"42\n")),
+    ("reproduce-profile-word", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: profile {work}/bad.yml must be a YAML mapping with the keys description, "
+     "parameters and notebooks, got the str 'hello'", _profile_file(b"hello\n")),
+    ("reproduce-profile-not-utf8", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: profile {work}/bad.yml: not UTF-8 text (byte 0xe9 at offset 25); save it as UTF-8",
+     _profile_file("parameters:\n  device: caf\u00e9\n".encode("latin-1"))),
+    ("reproduce-profile-bad-yaml", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: cannot parse profile {work}/bad.yml: expected ',' or ']', but got '<stream end>' "
+     "(line 2, column 1)", _profile_file(b"parameters: [1, 2\n")),
+    ("reproduce-profile-wide-typo", ["reproduce", "--root", "{work}/project", "--profile", "{work}/bad.yml"],
+     "companion reproduce: error: profile 'bad' sets sed in 'parameters', which no chapter declares; did you mean "
+     "seed? (declared: device, n_prompts, preset, seed)", _profile_file(b"parameters: {sed: 1}\n")),
+    ("reproduce-jobs-0", ["reproduce", "--root", "{work}/project", "--jobs", "0"],
+     "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got '0'" + RHELP,
+     _project),
+    ("reproduce-jobs-negative", ["reproduce", "--root", "{work}/project", "-j", "-1"],
+     "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got '-1'" + RHELP,
+     _project),
+    ("reproduce-jobs-text", ["reproduce", "--root", "{work}/project", "--jobs", "abc"],
+     "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got 'abc'" + RHELP,
+     _project),
+    ("reproduce-jobs-fraction", ["reproduce", "--root", "{work}/project", "--jobs", "1.5"],
+     "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got '1.5'" + RHELP,
+     _project),
+    ("reproduce-jobs-empty", ["reproduce", "--root", "{work}/project", "--jobs", ""],
+     "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got ''" + RHELP,
+     _project),
+    ("pair-report-config-empty", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
+     "companion: config lacks seed, vocab_size, max_files, seq_len, max_position_embeddings, rope_theta, target, "
+     "drafter, target_stage, drafter_stage, save_dtype, num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, "
+     "prompt_max_tokens, greedy_prompts, greedy_steps, task_set, chat_conversations, natural_share, "
+     "answer_only_loss, eval_conversations, regime_prompts, regime_steps, assisted_num_tokens, copy_warmup_steps, "
+     "copy_share, extra (written by another version of companion?)", _pair_folder(_with("config", {}))),
+    ("pair-report-task-set", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
+     "companion: unknown chat task set 'bogus'; expected one of mixed, closed",
+     _pair_folder(_with_config("task_set", "bogus"))),
+    ("pair-report-newer-config", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
+     "companion: config has fields this version does not know: lora_rank (written by another version of "
+     "companion?)", _pair_folder(_with_config("lora_rank", 8))),
+    ("pair-report-digests-list", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json is damaged: 'files_sha256' must map file paths to "
+     "sha256 digests, got list", _pair_folder(_with("files_sha256", ["a", "b"]))),
+    ("pair-report-no-corpus", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json is not a pair manifest (no 'corpus' record with its "
+     "digest_sha256)", _pair_folder(_with("corpus", None))),
+    ("pair-report-training-list", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/manifest.json is damaged: 'training' must be a mapping, got list",
+     _pair_folder(_with("training", [1]))),
+    ("pair-report-prompts-not-json", ["pair-report", "--pair", "{work}/pair"],
+     "companion pair-report: --pair {work}/pair/prompts.jsonl:1: not valid JSON (Expecting value at column 1); "
+     "each line must be one JSON object with " + FIELDS, _pair_folder(prompts=b"not json\n")),
+    ("retrain-set-dtype-bogus", ["retrain", "--out", "{work}/out", "--set", "save_dtype=bogus"],
+     "companion retrain: --set save_dtype=bogus: unknown save dtype 'bogus'; expected one of float16, bfloat16, "
+     "float32", None),
+    ("retrain-set-threads-0", ["retrain", "--out", "{work}/out", "--set", "num_threads=0"],
+     "companion retrain: --set num_threads=0: expected an integer >= 1 (now 1), got '0'", None),
+    ("retrain-set-steps-negative", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=-5"],
+     "companion retrain: --set target_stage.steps=-5: expected an integer >= 1 (now 2000), got '-5'", None),
+    ("retrain-set-lr-nan", ["retrain", "--out", "{work}/out", "--set", "target_stage.lr=nan"],
+     "companion retrain: --set target_stage.lr=nan: expected a finite number in (0, inf) (now 0.003), got 'nan'",
+     None),
+    ("retrain-set-share-2", ["retrain", "--out", "{work}/out", "--set", "natural_share=2"],
+     "companion retrain: --set natural_share=2: expected a finite number in [0, 1) (now 0.15), got '2'", None),
+    ("retrain-set-seq-len-none", ["retrain", "--out", "{work}/out", "--set", "seq_len=none"],
+     "companion retrain: --set seq_len=none: expected an integer >= 2 (now 256), got 'none'", None),
+    ("retrain-set-vocab-0", ["retrain", "--out", "{work}/out", "--set", "vocab_size=0"],
+     "companion retrain: --set vocab_size=0: expected an integer >= 262 (now 4096), got '0'", None),
+    ("retrain-set-max-files-text", ["retrain", "--out", "{work}/out", "--set", "max_files=abc"],
+     "companion retrain: --set max_files=abc: expected an integer >= 1 or none (now None), got 'abc'", None),
+    ("retrain-seed-huge", ["retrain", "--out", "{work}/out", "--seed", "99999999999999999999999"],
+     "companion retrain: --set seed=99999999999999999999999: expected an integer in [0, 4611686018427387904] "
+     "(now 0), got '99999999999999999999999'", None),
+    ("retrain-out-under-a-file", ["retrain", "--out", "{work}/file.txt/out"],
+     "companion retrain: --out {work}/file.txt/out: cannot create it, {work}/file.txt is a file", _folders),
+    ("retrain-out-read-only", ["retrain", "--out", "{work}/ro/out"],
+     "companion retrain: --out {work}/ro/out: cannot create it, {work}/ro is not writable", _read_only_out),
+    ("retrain-checkpoint-dir-file", ["retrain", "--out", "{work}/out", "--checkpoint-dir", "{work}/file.txt"],
+     "companion retrain: --checkpoint-dir {work}/file.txt is a file; pass a folder (it is created if missing)",
+     _folders),
 ]
 
 
@@ -424,3 +556,77 @@ def test_ctrl_c_names_what_is_done_and_the_rerun_resumes(pair, tmp_path, capsys)
     pairs = list(zip(table.column("prompt_id").to_pylist(), table.column("step").to_pylist()))
     assert len(set(pairs)) == len(pairs)  # nothing lost, nothing twice
     assert {p for p, _ in pairs} == {f"line-{i:05d}" for i in range(1, 9)}
+
+
+# -------------------------------------------------------------------------------------------------
+# A pair whose manifest lacks sections a report prints: the report says so, no traceback
+
+
+def test_pair_report_of_a_manifest_without_training_says_what_is_missing(tmp_path, monkeypatch, capsys) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def without_training(m: dict) -> dict:
+        del m["training"]
+        del m["figures"]["regime"]
+        return m
+
+    _pair_folder(without_training)(work, {}, monkeypatch)
+    code = main(["pair-report", "--pair", str(work / "pair"), "--no-recompute", "--no-speed"])
+    out, err = capsys.readouterr()
+    assert code == 1  # the empty model configs differ from the manifest's digests
+    assert "training target: not recorded in the manifest" in out and "Traceback" not in err, (out, err)
+    assert "MISMATCH: " in out
+
+
+# -------------------------------------------------------------------------------------------------
+# Two `companion harvest --out SAME` at once: one writer at a time, never a manifest that lies
+
+
+def _harvest_process(pair: dict[str, Path], out: Path, prompts: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "companion", "harvest", "--out", str(out), "--target", str(pair["target"]),
+            "--drafter", str(pair["drafter"]), "--prompts", str(prompts), "--threads", "1", "--no-progress",
+            "--steps", "12", "--batch-size", "1", "--prompts-per-shard", "1", "--no-stop-at-eos"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _many_prompts(tmp_path: Path) -> Path:
+    prompts = tmp_path / "many.txt"
+    prompts.write_text("".join(f"prompt number {i}: " + "abc " * i + "\n" for i in range(6)), encoding="utf-8")
+    return prompts
+
+
+def test_a_second_harvest_of_the_same_folder_waits_for_the_first(pair, tmp_path) -> None:
+    """Forced interleaving: the lock is held (as a first harvest holds it) while a second one starts. It says
+    it waits, in one line, writes nothing meanwhile, then finishes the harvest; the manifest matches the shards."""
+    from companion.harvest.cache import exclusive, lock_path
+
+    out = tmp_path / "out"
+    with exclusive(out):
+        proc = _harvest_process(pair, out, _many_prompts(tmp_path))
+        line = proc.stderr.readline()  # blocks until the child reaches the lock (after loading the models)
+        assert line == (f"companion harvest: --out {out}: another process is harvesting into it (it holds "
+                        f"{lock_path(out)}); waiting for it to finish, then this harvest resumes from what it wrote\n")
+        time.sleep(1.0)  # time for a harvest that ignored the lock to write its first shard
+        assert proc.poll() is None and not out.exists(), "the second harvest wrote while another one held the lock"
+    stdout, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and err == "", err
+    assert json.loads(stdout.strip().splitlines()[-1])["status"] == "complete"
+    assert load_traces(out).num_rows == 6 * 12  # every shard's sha256 matches the manifest
+
+
+def test_two_harvests_of_the_same_folder_at_once_leave_a_true_manifest(pair, tmp_path) -> None:
+    """The issue's probe: both started together, both exit 0, and the traces load (checksums match)."""
+    out = tmp_path / "out"
+    prompts = _many_prompts(tmp_path)
+    first, second = _harvest_process(pair, out, prompts), _harvest_process(pair, out, prompts)
+    results = [(p.wait(timeout=400), p.communicate()) for p in (first, second)]
+    for code, (stdout, stderr) in results:
+        assert code == 0 and "Traceback" not in stderr, stderr
+        assert json.loads(stdout.strip().splitlines()[-1])["status"] == "complete"
+    manifest = read_manifest(out)
+    table = load_traces(out)
+    assert table.num_rows == 6 * 12 and manifest["totals"]["shards"] == 6
+    rows_computed = sum(int(r["rows"]) for r in manifest["runs"])
+    assert rows_computed == 6 * 12, manifest["runs"]  # the second harvest reused the first's shards

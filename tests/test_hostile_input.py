@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from companion import certificates, certified
 from companion.drafter_side import drafter_certificate
@@ -265,9 +267,32 @@ def test_only_org_slash_name_goes_to_the_hub(name, bare) -> None:
 
 OVERRIDE_CASES = [
     ("unknown", {"nosuch": "1"}, "nosuch=1: unknown config key 'nosuch'; known: seed, vocab_size"),
-    ("not-an-integer", {"target_stage.steps": "abc"}, "target_stage.steps=abc: expected an integer (now 2000), "
+    ("not-an-integer", {"target_stage.steps": "abc"}, "target_stage.steps=abc: expected an integer >= 1 (now 2000), "
                                                       "got 'abc'"),
     ("not-a-boolean", {"answer_only_loss": "maybe"}, "answer_only_loss=maybe: expected true or false, got 'maybe'"),
+    # issue 34: every knob in its range, at parse time
+    ("steps-negative", {"target_stage.steps": "-5"}, "target_stage.steps=-5: expected an integer >= 1 (now 2000), "
+                                                     "got '-5'"),
+    ("steps-zero", {"drafter_stage.steps": "0"}, "drafter_stage.steps=0: expected an integer >= 1 (now 600), got '0'"),
+    ("lr-nan", {"target_stage.lr": "nan"}, "target_stage.lr=nan: expected a finite number in (0, inf) (now 0.003), "
+                                           "got 'nan'"),
+    ("share-2", {"natural_share": "2"}, "natural_share=2: expected a finite number in [0, 1) (now 0.15), got '2'"),
+    ("share-negative", {"natural_share": "-1"}, "natural_share=-1: expected a finite number in [0, 1) (now 0.15), "
+                                                "got '-1'"),
+    ("seq-len-none", {"seq_len": "none"}, "seq_len=none: expected an integer >= 2 (now 256), got 'none'"),
+    ("vocab-0", {"vocab_size": "0"}, "vocab_size=0: expected an integer >= 262 (now 4096), got '0'"),
+    ("max-files-negative", {"max_files": "-3"}, "max_files=-3: expected an integer >= 1 or none (now None), got '-3'"),
+    ("max-files-text", {"max_files": "abc"}, "max_files=abc: expected an integer >= 1 or none (now None), got 'abc'"),
+    ("save-dtype-int8", {"save_dtype": "int8"}, "save_dtype=int8: unknown save dtype 'int8'; expected one of float16, "
+                                                "bfloat16, float32"),
+    ("threads-0", {"num_threads": "0"}, "num_threads=0: expected an integer >= 1 (now 1), got '0'"),
+    ("seed-huge", {"seed": "99999999999999999999999"}, "seed=99999999999999999999999: expected an integer in [0, "
+                                                       "4611686018427387904] (now 0), got '99999999999999999999999'"),
+    ("head-dim-odd", {"target.head_dim": "33"}, "target.head_dim=33: expected an even integer >= 2 (now 64), got '33'"),
+    ("window-past-positions", {"seq_len": "1024"}, "seq_len=1024: config seq_len (1024) must be <= "
+                                                   "max_position_embeddings (512)"),
+    ("heads-not-a-multiple", {"drafter.num_key_value_heads": "3"}, "config drafter.num_attention_heads (2) must be "
+                                                                   "a multiple of drafter.num_key_value_heads (3)"),
 ]
 
 
@@ -277,3 +302,235 @@ def test_config_overrides_refuse(overrides, text) -> None:
 
     _refused(lambda: apply_overrides(default_config(), overrides), ConfigOverrideError, text)
     assert issubclass(ConfigOverrideError, KeyError) and issubclass(ConfigOverrideError, ValueError)
+
+
+# -------------------------------------------------------------------------------------------------
+# Round 4 (issue 34): cost models, replay and the oracle, MARS on probabilities, policy knobs
+
+def _chains(n: int = 3) -> Any:
+    """A recording of ``n`` tokens whose chains match the text: every draft accepted."""
+    from companion.speculative.policies import DraftStep
+    from companion.speculative.replay import RecordedChains
+
+    text = tuple(range(1, n + 1))
+    chains = tuple(tuple(DraftStep(t, 0.9, 0.05, 1.0) for t in text[s:n - 1]) for s in range(n))
+    return RecordedChains(text, chains, (0.0,) * n, n)
+
+
+def _empty_chains() -> Any:
+    from companion.speculative.replay import RecordedChains
+
+    return RecordedChains((), (), (), 0)
+
+
+def _costs(**kw: Any) -> Any:
+    from companion.speculative import CostModel
+
+    return CostModel(**kw)
+
+
+def _replay_comparison(eval_chains: list[Any]) -> Any:
+    from companion.speculative.replay import replay_comparison
+
+    return replay_comparison(eval_chains, [_chains()], _costs(c=0.1, verify=(1.0, 1.2)), builtins=["constant:0"])
+
+
+def _oracle(chains: Any, costs: Any) -> Any:
+    from companion.speculative.replay import oracle_cost
+
+    return oracle_cost(chains, costs)
+
+
+def _replay(chains: Any, policy: Any) -> Any:
+    from companion.speculative.replay import replay
+
+    return replay(chains, policy)
+
+
+def _policy(spec: Any, **kw: Any) -> Any:
+    from companion.speculative.policies import parse_policy
+
+    return parse_policy(spec, **kw)
+
+
+COST_CASES = [
+    ("verify-negative", lambda: _costs(c=0.1, verify=(1, -1)), ValueError,
+     "CostModel verify[1] = V(1) must be a finite number > 0 (a target forward over 2 tokens, in single-token "
+     "forwards), got -1"),
+    ("verify-nan", lambda: _costs(c=0.1, verify=(1, math.nan, 1.2)), ValueError,
+     "CostModel verify[1] = V(1) must be a finite number > 0"),
+    ("verify-inf", lambda: _costs(c=0.1, verify=(1, 1.2, math.inf)), ValueError, "verify[2] = V(2) must be a finite"),
+    ("verify-zero", lambda: _costs(c=0.1, verify=(1, 0.0)), ValueError, "verify[1] = V(1) must be a finite number > 0"),
+    ("verify-none", lambda: _costs(c=0.1, verify=None), ValueError,
+     "CostModel verify must be a sequence of numbers V(0), V(1), ... starting with 1, got None"),
+    ("verify-text", lambda: _costs(c=0.1, verify=("1", "2")), ValueError, "CostModel verify[0] must be a number, got '1'"),
+    ("c-text", lambda: _costs(c="0.1", verify=(1.0,)), ValueError,
+     "CostModel cost ratio c (drafter/target forward time) must be a number, got '0.1'"),
+    ("c-nan", lambda: _costs(c=math.nan, verify=(1.0,)), ValueError,
+     "CostModel cost ratio c must be a finite number >= 0, got nan"),
+    ("verify-cost-float", lambda: _costs(c=0.1, verify=(1.0,)).verify_cost(1.5), ValueError,
+     "number of drafts k must be an integer >= 0, got 1.5"),
+    ("oracle-costs-none", lambda: _oracle(_chains(), None), ValueError,
+     "costs must be a CostModel (companion.speculative.CostModel: c and the V(k) table), got NoneType"),
+    ("oracle-chains-list", lambda: _oracle([1, 2], _costs(c=0.1, verify=(1.0,))), ValueError,
+     "chains must be a RecordedChains (made by record_chains), got list"),
+    ("replay-none", lambda: _replay(None, "constant:2"), ValueError,
+     "chains must be a RecordedChains (made by record_chains), got NoneType"),
+    ("comparison-empty-recording", lambda: _replay_comparison([_chains(), _empty_chains()]), ValueError,
+     "eval_chains[1] is an empty recording (max_new_tokens = 0): it has no token to price; leave it out"),
+    ("comparison-not-a-recording", lambda: _replay_comparison([_chains(), "text"]), ValueError,
+     "eval_chains[1] must be a RecordedChains (made by record_chains), got str"),
+    ("logprobs-none", lambda: certificates_from_logprobs(None, "greedy"), ValueError,
+     "logprobs must be a tensor [..., k] or a list with one entry per step, got NoneType"),
+    ("logprobs-int", lambda: certificates_from_logprobs(5, "greedy"), ValueError,
+     "logprobs must be a tensor [..., k] or a list with one entry per step, got int"),
+]
+
+
+@pytest.mark.parametrize("call, error, text", [c[1:] for c in COST_CASES], ids=[c[0] for c in COST_CASES])
+def test_cost_model_replay_and_oracle_refuse(call, error, text) -> None:
+    _refused(call, error, text)
+
+
+def test_the_issues_cost_models_extrapolate_flat_where_the_table_dips() -> None:
+    """The probes of issues 30 and 34: linear extrapolation went negative (V(40) = -0.45, V(5) = -1)."""
+    assert _costs(c=0.05, verify=(1.0, 1.5, 1.45)).verify_cost(40) == 1.45
+    assert _costs(c=0.05, verify=(1, 3, 2)).verify_cost(5) == 2.0
+    rising = _costs(c=0.05, verify=(1.0, 1.4, 1.5))
+    assert rising.verify_cost(4) == pytest.approx(1.7, rel=1e-15)  # the last step, 0.1, continued
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1e-3, 50.0), min_size=0, max_size=8), st.integers(0, 200))
+def test_verify_costs_stay_positive_and_never_fall_past_the_table(tail: list[float], k: int) -> None:
+    costs = _costs(c=0.1, verify=(1.0, *tail))
+    n = len(costs.verify)
+    v = costs.verify_cost(k)
+    assert v > 0 and math.isfinite(v), (costs.verify, k, v)
+    if k < n:
+        assert v == costs.verify[k]
+    else:  # past the table: at least the last entry, and non-decreasing step by step
+        assert v >= costs.verify[-1] and costs.verify_cost(k + 1) >= v, (costs.verify, k)
+
+
+def test_oracle_and_replayed_policies_price_a_dipping_table_alike() -> None:
+    """The table that priced long drafts below zero: every cost is now positive and finite."""
+    from companion.speculative import modelled_cost
+
+    costs = _costs(c=0.05, verify=(1.0, 1.5, 1.45))
+    chains = _chains(40)
+    oracle = _oracle(chains, costs)
+    assert 0 < oracle < math.inf
+    for spec in ("constant:0", "constant:4", "constant:39"):
+        cost = modelled_cost(_replay(chains, spec), costs)
+        assert math.isfinite(cost) and cost >= oracle - 1e-12, (spec, cost, oracle)
+
+
+MARS_P = torch.softmax(torch.tensor([[2.0, 1.9, 0.5], [1.0, 0.95, -1.0]]), -1)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: certificates(MARS_P, "mars:0.5", from_logits=True),
+    lambda: __import__("companion.kl_certificates", fromlist=["certificate"]).certificate(MARS_P, "mars:0.5",
+                                                                                          from_logits=True),
+    lambda: certified(MARS_P, MARS_P, "mars:0.5", from_logits=True),
+    lambda: certificates(MARS_P, ["greedy", "topm:2"], from_logits=True),
+], ids=["certificates-mars", "certificate-mars", "certified-mars", "certificates-greedy"])
+def test_probabilities_passed_as_logits_warn_once_everywhere(call) -> None:
+    """MARS compares the logits themselves (z(2)/z(1)): on probabilities its certificates are silently wrong."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    ours = [w for w in caught if "look like probabilities, not logits" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert ours[0].filename == __file__  # points at the caller's line, not inside the library
+
+
+def test_real_logits_draw_no_warning() -> None:
+    logits = torch.log(MARS_P) + 3.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = certificates(logits, "mars:0.5", from_logits=True)
+    assert torch.all(got[("mars:0.5", "forward")] > 0)
+
+
+KNOB_CASES = [
+    # (id, spec, keyword knobs, the message after "policy '<spec>': " or "certificate knob ")
+    ("c-negative", "certificate", {"c": -1}, "c must be a finite number in [0, inf), got -1"),
+    ("c-nan", "certificate", {"c": math.nan}, "c must be a finite number in [0, inf), got nan"),
+    ("c-text", "certificate", {"c": "0.1"}, "c must be a finite number in [0, inf), got '0.1'"),
+    ("kmax-0", "certificate", {"kmax": 0}, "kmax must be an integer >= 1, got 0"),
+    ("kmax-float", "certificate", {"kmax": 2.5}, "kmax must be an integer >= 1, got 2.5"),
+    ("bins-0", "certificate", {"bins": 0}, "bins must be an integer >= 1, got 0"),
+    ("prior-2", "certificate", {"prior": 2}, "prior must be a finite number in [0, 1], got 2"),
+    ("v1-negative", "certificate", {"v1": -1}, "v1 must be a finite number in (0, inf), got -1"),
+    ("n0-inf", "certificate", {"n0": math.inf}, "n0 must be a finite number in (0, inf), got inf"),
+    ("explore-bool", "top1", {"explore": True}, "explore must be an integer >= 0, got True"),
+    ("cal-other", "margin", {"cal": "exact"}, "cal must be 'bins' or 'kl', got 'exact'"),
+]
+
+
+@pytest.mark.parametrize("spec, knobs, text", [c[1:] for c in KNOB_CASES], ids=[c[0] for c in KNOB_CASES])
+def test_policy_knobs_given_as_keywords_are_checked_like_the_spec(spec, knobs, text) -> None:
+    """``parse_policy("certificate", c=-1)`` used to bypass the spec's checks: c=-1 drafted the maximum every
+    round and submitted none."""
+    _refused(lambda: _policy(spec, **knobs), ValueError, f"{spec} knob {text}")
+    from companion.speculative.policies import Calibrated
+
+    _refused(lambda: Calibrated(kind=spec, **knobs), ValueError, f"{spec} knob {text}")
+
+
+@pytest.mark.parametrize("spec, text", [
+    ("certificate:c=1e400", "c must be a finite number in [0, inf), got '1e400'"),
+    ("certificate:v1=1e400", "v1 must be a finite number in (0, inf), got '1e400'"),
+    ("certificate:dv=1e400", "dv must be a finite number in [0, inf), got '1e400'"),
+    ("certificate:n0=1e400", "n0 must be a finite number in (0, inf), got '1e400'"),
+    ("certificate:n0=inf", "n0 must be a finite number in (0, inf), got 'inf'"),
+    ("certificate:c=nan", "c must be a finite number in [0, inf), got 'nan'"),
+    ("certificate:c=-1", "c must be a finite number in [0, inf), got '-1'"),
+    ("top1:kmax=1.5", "kmax must be an integer >= 1, got '1.5'"),
+    ("margin:window=-2", "window must be an integer >= 0, got '-2'"),
+])
+def test_policy_specs_refuse_infinite_and_out_of_range_knobs(spec, text) -> None:
+    _refused(lambda: _policy(spec), ValueError, f"policy {spec!r}: {text}")
+
+
+def test_valid_knobs_pass_both_ways_alike() -> None:
+    by_spec = _policy("certificate:c=0.1,v1=1.2,dv=0.01,kmax=8,prior=1,n0=2.5,bins=4,explore=0,window=16")
+    by_keyword = _policy("certificate", c=0.1, v1=1.2, dv=0.01, kmax=8, prior=1, n0=2.5, bins=4, explore=0, window=16)
+    assert str(by_spec) == str(by_keyword) == "certificate:c=0.1,v1=1.2,dv=0.01,kmax=8,prior=1,n0=2.5,bins=4,explore=0,window=16"
+
+
+def test_the_pairs_vocabulary_floor_counts_its_special_tokens() -> None:
+    from companion.tiny_pair.config import MIN_VOCAB
+    from companion.tiny_pair.tokenizer import SPECIAL_TOKENS
+
+    assert MIN_VOCAB == 256 + len(SPECIAL_TOKENS)
+
+
+def test_config_overrides_in_range_are_taken() -> None:
+    from companion.tiny_pair.config import apply_overrides, default_config
+
+    cfg = apply_overrides(default_config(), {"max_files": "10", "natural_share": "0", "save_dtype": "bfloat16",
+                                             "target_stage.warmup_steps": "0", "seed": "7"})
+    assert (cfg.max_files, cfg.natural_share, cfg.save_dtype, cfg.target_stage.warmup_steps, cfg.seed) == (
+        10, 0.0, "bfloat16", 0, 7)
+    assert apply_overrides(cfg, {"max_files": "none"}).max_files is None
+
+
+@pytest.mark.parametrize("change, text", [
+    (lambda d: d.pop("target"), "config lacks target (written by another version of companion?)"),
+    (lambda d: d.update(future_knob=1), "config has fields this version does not know: future_knob (written by "
+                                        "another version of companion?)"),
+    (lambda d: d["target_stage"].update(momentum=0.9), "config target_stage has fields this version does not know: "
+                                                      "momentum"),
+    (lambda d: d.update(target=[1, 2]), "config target must be a mapping of its fields, got [1, 2]"),
+    (lambda d: d.update(num_threads=0), "config num_threads must be an integer >= 1, got 0"),
+    (lambda d: d.update(task_set="bogus"), "unknown chat task set 'bogus'; expected one of mixed, closed"),
+])
+def test_a_manifests_config_is_read_or_refused_in_one_line(change, text) -> None:
+    from companion.tiny_pair.config import TrainConfig, default_config
+
+    d = default_config().to_dict()
+    change(d)
+    _refused(lambda: TrainConfig.from_dict(d), ValueError, text)

@@ -236,11 +236,11 @@ def test_policy_defaults_and_overrides():
     ("confidence:0.4,0", "K must be an integer >= 1"),
     ("heuristic:0", "K0 must be an integer >= 1"),
     ("heuristic:5,0.4,1", "expected heuristic"),
-    ("certificate:c=abc", "c must be a number"),
+    ("certificate:c=abc", "c must be a finite number"),
     ("certificate:foo=1", "known knob"),
     ("certificate:kmax=0", "kmax must be an integer >= 1"),
     ("certificate:cal=exact", "cal must be"),
-    ("margin:prior=2", "prior must be in"),
+    ("margin:prior=2", "prior must be a finite number in"),
     (3, "must be a string"),
 ])
 def test_policy_parse_errors(spec, message):

@@ -16,15 +16,18 @@ from companion.book.toc import read_chapters
 # Command line
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a cell limit of 0 or -1 would silently mean "no limit")."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer (seconds), got {text!r}")
-    return value
+def _positive_int(what: str):
+    """argparse type: an integer >= 1, refused with ``what`` it counts (a limit of 0 or -1 would
+    silently mean "no limit", 1.5 chapters means nothing)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer ({what}), got {text!r}")
+        return value
+    return parse
 
 
 def _given_root(text: str) -> Path:
@@ -105,8 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-build", action="store_true", help="execute notebooks but do not build the book")
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure")
     p.add_argument("--require-all", action="store_true", help="fail if a chapter's notebook does not exist")
-    p.add_argument("--cell-timeout", type=_positive_int, default=None, metavar="SECONDS", help="limit per cell")
-    p.add_argument("--jobs", "-j", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--cell-timeout", type=_positive_int("seconds"), default=None, metavar="SECONDS", help="limit per cell")
+    p.add_argument("--jobs", "-j", type=_positive_int("chapters run at once"), default=None, metavar="N",
                    help="chapters executed at once (default: one per CPU core, at most 4; 1 on a GPU profile)")
     p.add_argument("--figures-dir", default=None, help="where figures go (default: figures/ at the root)")
     p.add_argument("--root", default=None, help="project root (default: found from the working directory)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,27 @@ def load_profile(root: Path, name: str) -> Profile:
         raise ReproduceError(f"unknown profile {name!r} (no {path}); available: {known}")
     yaml = yaml_module()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ReproduceError(f"profile {path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset "
+                             f"{err.start}); save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ReproduceError(f"cannot parse profile {path}: {err}") from err
-    unknown = set(data) - {"description", "parameters", "notebooks"}
+        # PyYAML's message spans several lines (the problem, then where): keep the first and the place
+        where = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        raise ReproduceError(f"cannot parse profile {path}: {' '.join(str(problem).split())}{at}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ReproduceError(f"profile {path} must be a YAML mapping with the keys description, parameters and "
+                             f"notebooks, got {_yaml_kind(data)}")
+    unknown = set(map(str, data)) - {"description", "parameters", "notebooks"}
     if unknown:
-        raise ReproduceError(f"profile {path}: unknown keys {sorted(unknown)}")
+        raise ReproduceError(f"profile {path}: unknown keys {sorted(unknown)}; a profile holds description, "
+                             "parameters and notebooks")
     parameters = data.get("parameters") or {}
     notebooks = data.get("notebooks") or {}
     if not isinstance(parameters, dict) or not isinstance(notebooks, dict) or not all(
@@ -52,6 +68,13 @@ def load_profile(root: Path, name: str) -> Profile:
         raise ReproduceError(f"profile {path}: 'parameters' and each 'notebooks' entry must be mappings")
     return Profile(Path(name).stem, str(data.get("description", "")), parameters,
                    {str(k): v for k, v in notebooks.items()})
+
+
+def _yaml_kind(data: Any) -> str:
+    """How a YAML document that is not a mapping reads, for a one-line refusal."""
+    if isinstance(data, list):
+        return f"a list of {len(data)} item{'s' if len(data) != 1 else ''}"
+    return f"the {type(data).__name__} {data!r}"[:120]
 
 
 def parse_value(text: str) -> Any:
@@ -237,12 +260,16 @@ def plan_parameters(
     overrides: dict[str, Any],
     all_names: list[str],
     defaults: dict[str, dict[str, NotebookParameter]] | None = None,
+    book_declared: set[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The parameters to inject into each chapter: profile-wide values the notebook declares,
     then the profile's values for that chapter, then the command-line overrides.
 
-    Profile-wide values a notebook does not declare are skipped silently (chapters share one
-    profile); anything named explicitly for a chapter, or on the command line, must be declared.
+    Profile-wide values a notebook does not declare are skipped (chapters share one profile),
+    but a profile-wide name that no chapter of the book declares (``book_declared``: the names
+    every existing chapter declares, selected or not) and that is close to a declared one
+    (``difflib``, ratio >= 0.75: ``sed`` for ``seed``) is a typo and is refused; anything named
+    explicitly for a chapter, or on the command line, must be declared.
     With ``defaults`` (:func:`notebook_parameters` of each chapter), every value must fit the
     type of the notebook's default (:func:`value_fits_default`), so a mistyped value is refused
     before any notebook runs.
@@ -250,6 +277,15 @@ def plan_parameters(
     unknown = set(profile.notebooks) - set(all_names)
     if unknown:
         raise ReproduceError(f"profile {profile.name!r} names unknown chapters: {sorted(unknown)}")
+    if book_declared is not None:
+        for name in sorted(map(str, set(profile.parameters) - book_declared)):
+            # A name close to a declared one is a typo (sed for seed); others may be meant for chapters
+            # this book does not have (test books share the repository's profiles), and stay skipped.
+            close = difflib.get_close_matches(name, sorted(book_declared), n=1, cutoff=0.75)
+            if close:
+                raise ReproduceError(
+                    f"profile {profile.name!r} sets {name} in 'parameters', which no chapter declares; did you "
+                    f"mean {close[0]}? (declared: {', '.join(sorted(book_declared))})")
     plans: dict[str, dict[str, Any]] = {}
     for chapter in chapters:
         names = declared[chapter.name]

@@ -29,7 +29,8 @@ from companion.book.execute import (
 )
 from companion.book.figure_files import publish_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, ReproduceError, RunFailure
-from companion.book.parameters import describe_device, load_profile, notebook_parameters, plan_parameters
+from companion.book.parameters import (declared_parameters, describe_device, load_profile, notebook_parameters,
+                                       plan_parameters)
 from companion.book.stage import build_book
 from companion.book.toc import Chapter, read_chapters, select_chapters
 
@@ -117,7 +118,12 @@ def reproduce(
     runnable = [c for c in selected if c.exists]
     parameters = {c.name: notebook_parameters(c.path) for c in runnable}
     declared = {name: set(params) for name, params in parameters.items()}
-    plans = plan_parameters(runnable, declared, profile, overrides, [c.name for c in chapters], parameters)
+    # every chapter's names, selected or not: a profile-wide name none declares is a typo (unknowable while
+    # a chapter of the table of contents has no notebook yet: it may declare it)
+    book_declared = None if not all(c.exists for c in chapters) else set().union(
+        *declared.values(), *(declared_parameters(c.path) for c in chapters if c.name not in declared))
+    plans = plan_parameters(runnable, declared, profile, overrides, [c.name for c in chapters], parameters,
+                            book_declared)
     devices = {c.name: describe_device(plans[c.name].get("device")) for c in runnable}  # refuse before running
     check_figures_dir(layout, None)  # a chapter's figures must have somewhere to go before it runs
 

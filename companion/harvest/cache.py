@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
         torch.set_num_threads(cpu_threads)
     # Chapters 7 and 8 share this folder and `companion reproduce` may run them at once: the second
     # waits here, then finds the first one's complete harvest and reuses it.
-    with _exclusive(out), contextlib.ExitStack() as restore:
+    with exclusive(out), contextlib.ExitStack() as restore:
         restore.callback(torch.set_num_threads, threads)
         before = _runs_done(out)
         try:
@@ -131,12 +131,24 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     return ChapterTraces(out, manifest, sum(int(r["rows"]) for r in manifest.get("runs", [])[before:]))
 
 
-@contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<out>.lock`` (beside ``out``) while harvesting into ``out``.
+def lock_path(out: Path, rank: int = 0) -> Path:
+    """The lock file of harvest folder ``out`` for process ``rank``: ``<out>.lock`` beside it (rank 0, and
+    every single-process harvest), ``<out>.rank<r>.lock`` for the other processes of a distributed one."""
+    return out.with_name(out.name + (".lock" if rank == 0 else f".rank{rank}.lock"))
 
-    A POSIX advisory lock (``fcntl.flock``): other processes that take it wait; it is released when
-    the block ends or the process dies. Where ``fcntl`` does not exist (Windows), nothing is locked.
+
+@contextlib.contextmanager
+def exclusive(out: Path, *, rank: int = 0, on_wait: Callable[[Path], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on :func:`lock_path` while harvesting into ``out``: one writer per folder.
+
+    A POSIX advisory lock (``fcntl.flock``): another process that takes it waits until the holder's
+    block ends or the holder dies (the kernel releases it then: no stale lock to clean up). Every
+    writer takes it, ``chapter_traces`` and ``companion harvest`` alike, so two of them never write
+    shards or the manifest of one folder at once; the second then resumes the first's harvest (its
+    complete shards are reused). ``on_wait(lock file)`` is called once if the lock is held by
+    another process, before waiting. Each process of a distributed harvest locks its own rank's
+    file, so ranks of one run never wait on each other, and rank ``r`` of a second run waits for
+    rank ``r`` of the first. Where ``fcntl`` does not exist (Windows), nothing is locked.
     """
     try:
         import fcntl
@@ -144,8 +156,14 @@ def _exclusive(out: Path) -> Iterator[None]:
         yield
         return
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    path = lock_path(out, rank)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

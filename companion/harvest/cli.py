@@ -7,7 +7,10 @@ Examples::
     accelerate launch --num_processes 4 -m companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b
 
 Rerunning the same command resumes an interrupted harvest; a different configuration into the
-same ``--out`` is refused.
+same ``--out`` is refused. One process writes a folder at a time: a second harvest of the same
+``--out`` (or a chapter harvesting it through ``chapter_traces``) says in one line that it waits,
+waits for the lock ``<out>.lock`` beside the folder, then resumes what the first one wrote
+(``companion.harvest.cache.exclusive``).
 
 Every mistake that can be found without the models (options, folders, the prompt file, the
 output folder, the device) is found before they load, and ends the command with one line on
@@ -239,32 +242,41 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
         # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
         raise Refusal(_one_line(err)) from None
 
-    manifest_path = args.out / "manifest.json"
-    before = manifest_path.read_bytes() if manifest_path.is_file() else None
-    stage["harvest_started"] = True
-    try:
-        manifest = harvest(
-            target, draft_model, tokenizer, prompts, args.out,
-            criteria=plan.criteria,
-            tree_widths=plan.tree_widths,
-            n_steps=plan.n_steps,
-            batch_size=args.batch_size,
-            prompts_per_shard=args.prompts_per_shard,
-            chunk_steps=args.chunk_steps,
-            top_k=args.top_k,
-            stop_at_eos=not args.no_stop_at_eos,
-            seed=plan.seed,
-            prompt_set_name=plan.prompt_set_name,
-            extra={"preset": plan.preset, "enable_thinking": plan.enable_thinking},
-            progress=not args.no_progress,
-            stop=lambda: stage["stop_requested"],
-        )
-    except (HarvestConfigError, ValueError, OSError) as err:
-        after = manifest_path.read_bytes() if manifest_path.is_file() else None
-        if after == before and not isinstance(err, OSError):  # found before anything was written
-            raise Refusal(_one_line(err)) from None
-        _say(f"the harvest in {args.out} failed: {_one_line(err)}")
-        return 1
+    from companion.harvest.cache import exclusive
+
+    def waiting(lock: Path) -> None:
+        _say(f"--out {args.out}: another process is harvesting into it (it holds {lock}); waiting for it to "
+             "finish, then this harvest resumes from what it wrote")
+
+    # One writer per folder (the lock chapter_traces takes too): two harvests writing the same shards would
+    # leave a manifest whose checksums do not match them.
+    with exclusive(args.out, rank=dist.rank, on_wait=waiting):
+        manifest_path = args.out / "manifest.json"
+        before = manifest_path.read_bytes() if manifest_path.is_file() else None
+        stage["harvest_started"] = True
+        try:
+            manifest = harvest(
+                target, draft_model, tokenizer, prompts, args.out,
+                criteria=plan.criteria,
+                tree_widths=plan.tree_widths,
+                n_steps=plan.n_steps,
+                batch_size=args.batch_size,
+                prompts_per_shard=args.prompts_per_shard,
+                chunk_steps=args.chunk_steps,
+                top_k=args.top_k,
+                stop_at_eos=not args.no_stop_at_eos,
+                seed=plan.seed,
+                prompt_set_name=plan.prompt_set_name,
+                extra={"preset": plan.preset, "enable_thinking": plan.enable_thinking},
+                progress=not args.no_progress,
+                stop=lambda: stage["stop_requested"],
+            )
+        except (HarvestConfigError, ValueError, OSError) as err:
+            after = manifest_path.read_bytes() if manifest_path.is_file() else None
+            if after == before and not isinstance(err, OSError):  # found before anything was written
+                raise Refusal(_one_line(err)) from None
+            _say(f"the harvest in {args.out} failed: {_one_line(err)}")
+            return 1
     if dist.is_main:
         if args.write_prompts is not None:  # with the token counts the harvest measured
             counted = with_token_counts(prompts, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))

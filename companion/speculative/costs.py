@@ -20,8 +20,10 @@ skips, so ``V`` jumps at ``k = 1`` and then grows slowly.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +37,14 @@ from companion.speculative.decoder import SpeculativeResult
 class CostModel:
     """Measured costs in single-token target forwards (see the module docstring).
 
-    ``verify[k]`` is ``V(k)`` for ``k = 0 .. len(verify) - 1``; beyond, :meth:`verify_cost`
-    extrapolates linearly from the last two entries. ``target_s`` and ``drafter_s`` are the
-    measured single-token forward times (median seconds) at ``context`` cached tokens.
+    ``verify[k]`` is ``V(k)`` for ``k = 0 .. len(verify) - 1``: ``V(0) = 1`` and every entry a
+    finite number > 0 (a forward never costs nothing, let alone less). The table may dip (timing
+    noise does that); beyond it :meth:`verify_cost` extrapolates from the last two entries with
+    the slope clamped at 0, ``V(k) = V(n-1) + max(0, V(n-1) - V(n-2)) (k - n + 1)`` for
+    ``k >= n = len(verify)``, so that costs past the table stay positive and never decrease: a
+    longer draft never looks cheaper to verify than the last measured one. ``c`` is a finite
+    number >= 0. ``target_s`` and ``drafter_s`` are the measured single-token forward times
+    (median seconds) at ``context`` cached tokens (``nan``: not measured).
     """
 
     c: float
@@ -47,21 +54,37 @@ class CostModel:
     context: int = 0
 
     def __post_init__(self) -> None:
-        if not self.verify or self.verify[0] != 1.0:
-            raise ValueError(f"verify costs must start with V(0) = 1, got {self.verify[:1]}")
+        # Checked here, for every way of making one: a cost model the oracle and the policy grid
+        # trust must not price long drafts as free (negative costs) or every policy as NaN.
+        if isinstance(self.c, bool) or not isinstance(self.c, numbers.Real):
+            raise ValueError(f"CostModel cost ratio c (drafter/target forward time) must be a number, got {self.c!r}")
         if not (math.isfinite(self.c) and self.c >= 0):
-            raise ValueError(f"cost ratio c must be a finite number >= 0, got {self.c!r}")
+            raise ValueError(f"CostModel cost ratio c must be a finite number >= 0, got {self.c!r}")
+        if isinstance(self.verify, (str, bytes)) or not isinstance(self.verify, Sequence):
+            raise ValueError(f"CostModel verify must be a sequence of numbers V(0), V(1), ... starting with 1, "
+                            f"got {self.verify!r}")
+        for k, v in enumerate(self.verify):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValueError(f"CostModel verify[{k}] must be a number, got {v!r}")
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"CostModel verify[{k}] = V({k}) must be a finite number > 0 (a target forward "
+                                 f"over {k + 1} tokens, in single-token forwards), got {v!r}")
+        if not self.verify or self.verify[0] != 1.0:
+            raise ValueError(f"CostModel verify costs must start with V(0) = 1, got {tuple(self.verify[:1])}")
+        object.__setattr__(self, "c", float(self.c))
+        object.__setattr__(self, "verify", tuple(float(v) for v in self.verify))
 
     def verify_cost(self, k: int) -> float:
-        """``V(k)``; linear extrapolation past the measured range."""
-        if k < 0:
-            raise ValueError(f"number of drafts must be >= 0, got {k}")
-        if k < len(self.verify):
+        """``V(k)``: the table, then the clamped linear extrapolation of the class docstring (positive, non-decreasing)."""
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"number of drafts k must be an integer >= 0, got {k!r}")
+        n = len(self.verify)
+        if k < n:
             return self.verify[k]
-        if len(self.verify) < 2:
+        if n < 2:
             return self.verify[-1]
-        slope = self.verify[-1] - self.verify[-2]
-        return self.verify[-1] + slope * (k - len(self.verify) + 1)
+        slope = max(self.verify[-1] - self.verify[-2], 0.0)
+        return self.verify[-1] + slope * (k - n + 1)
 
     def affine(self) -> tuple[float, float]:
         """Least-squares ``(v1, dv)`` with ``V(k) ~ v1 + dv (k - 1)`` over the measured ``k >= 1``."""

@@ -98,13 +98,18 @@ verified steps.
 
 Knobs (``name=value``, comma separated): ``c`` (0.28), ``v1`` (1.5), ``dv`` (0.025), ``kmax`` (16),
 ``prior`` (0.8), ``n0`` (4), ``bins`` (16), ``cal`` (``bins`` or ``kl``), ``explore`` (8, 0 = never),
-``window`` (0 = all verified steps).
+``window`` (0 = all verified steps). Ranges: ``c``, ``dv`` finite and >= 0; ``v1``, ``n0`` finite and
+> 0; ``prior`` in [0, 1]; ``kmax``, ``bins`` integers >= 1; ``explore``, ``window`` integers >= 0.
+One check (:func:`check_knob`, run by :class:`Calibrated` itself) serves a spec string, the keyword
+defaults of :func:`parse_policy` and a direct construction alike; a value out of range, NaN or
+infinite (``c=1e400`` reads as infinity) is refused in one line.
 """
 from __future__ import annotations
 
 import bisect
 import copy
 import math
+import numbers
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -416,8 +421,13 @@ class Calibrated(Policy):
     def __post_init__(self) -> None:
         if self.kind not in SCORES:
             raise ValueError(f"calibrated policy kind must be one of {', '.join(SCORES)}, got {self.kind!r}")
-        if self.cal not in ("bins", "kl"):
-            raise ValueError(f"{self.kind} knob cal must be 'bins' or 'kl', got {self.cal!r}")
+        # Every knob, however it was given (spec string, parse_policy keywords, this constructor):
+        # the one validation of check_knob.
+        for name in _CAL_DEFAULTS:
+            try:
+                setattr(self, name, check_knob(name, getattr(self, name)))
+            except ValueError as err:
+                raise ValueError(f"{self.kind} knob {err}") from None
         self._table: tuple[np.ndarray, np.ndarray] | None = None
         self._last_rate: float | None = None
         if self.explore_after < 0:
@@ -569,6 +579,46 @@ _CAL_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: The range of each calibrated knob: ``(integer?, low, high, low excluded?)``; every bound is finite
+#: or ``inf`` meaning unbounded, and a number knob must itself be finite (``1e400`` reads as ``inf``).
+_KNOB_RANGES: dict[str, tuple[bool, float, float, bool]] = {
+    "c": (False, 0.0, math.inf, False), "v1": (False, 0.0, math.inf, True), "dv": (False, 0.0, math.inf, False),
+    "prior": (False, 0.0, 1.0, False), "n0": (False, 0.0, math.inf, True),
+    "kmax": (True, 1, math.inf, False), "bins": (True, 1, math.inf, False),
+    "explore": (True, 0, math.inf, False), "window": (True, 0, math.inf, False),
+}
+
+
+def knob_rule(name: str) -> str:
+    """What knob ``name`` must be, in words (the text of :func:`check_knob`'s refusals)."""
+    if name == "cal":
+        return "'bins' or 'kl'"
+    integer, lo, hi, lo_open = _KNOB_RANGES[name]
+    if integer:
+        return f"an integer >= {int(lo)}"
+    upper = f"{_num(hi)}]" if math.isfinite(hi) else "inf)"
+    return f"a finite number in {'(' if lo_open else '['}{_num(lo)}, {upper}"
+
+
+def check_knob(name: str, value: Any) -> Any:
+    """``value`` if it is a valid value of the calibrated knob ``name`` (ranges in :data:`_KNOB_RANGES`), else
+    ``ValueError`` naming the knob, its range and the value. Integer knobs refuse floats and bools (``kmax=1.5``
+    is a mistake, not a count); number knobs refuse bools, text, NaN and infinities."""
+    if name not in _CAL_DEFAULTS:
+        raise ValueError(f"{name!r} is not a knob; knobs: {', '.join(_CAL_DEFAULTS)}")
+    if name == "cal":
+        if value not in ("bins", "kl"):
+            raise ValueError(f"cal must be {knob_rule(name)}, got {value!r}")
+        return value
+    integer, lo, hi, lo_open = _KNOB_RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+        raise ValueError(f"{name} must be {knob_rule(name)}, got {value!r}")
+    x = int(value) if integer else float(value)
+    if not math.isfinite(x) or not (lo < x if lo_open else lo <= x) or x > hi:
+        raise ValueError(f"{name} must be {knob_rule(name)}, got {value!r}")
+    return x
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
@@ -602,6 +652,23 @@ def _float(spec: str, name: str, text: str, lo: float, hi: float, lo_open: bool 
     return x
 
 
+def _knob_text(spec: str, key: str, text: str) -> Any:
+    """A knob written in a spec, read as its kind (text, integer or number) and checked by :func:`check_knob`."""
+    if key != "cal":
+        integer = _KNOB_RANGES[key][0]
+        if not re.fullmatch(r"[-+]?[0-9]+" if integer else r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|inf|nan)",
+                            text, flags=0 if integer else re.IGNORECASE):
+            raise ValueError(f"policy {spec!r}: {key} must be {knob_rule(key)}, got {text!r}")
+        value: Any = int(text) if integer else float(text)
+    else:
+        value = text
+    try:
+        check_knob(key, value)
+    except ValueError as err:
+        raise ValueError(f"policy {spec!r}: {str(err).rsplit(', got ', 1)[0]}, got {text!r}") from None
+    return value
+
+
 def _calibrated(spec: str, kind: str, body: str | None, defaults: dict[str, Any]) -> Calibrated:
     values = dict(_CAL_DEFAULTS)
     values.update({k: v for k, v in defaults.items() if k in _CAL_DEFAULTS})
@@ -614,22 +681,7 @@ def _calibrated(spec: str, kind: str, body: str | None, defaults: dict[str, Any]
                 raise ValueError(
                     f"policy {spec!r}: {item!r} is not a knob=value pair with a known knob; "
                     f"knobs: {', '.join(_CAL_DEFAULTS)}")
-            if key in ("kmax", "bins"):
-                values[key] = _int(spec, key, text, 1)
-            elif key in ("explore", "window"):
-                values[key] = _int(spec, key, text, 0)
-            elif key == "cal":
-                if text not in ("bins", "kl"):
-                    raise ValueError(f"policy {spec!r}: cal must be 'bins' or 'kl', got {text!r}")
-                values[key] = text
-            elif key == "prior":
-                values[key] = _float(spec, key, text, 0.0, 1.0)
-            elif key in ("c", "dv"):
-                values[key] = _float(spec, key, text, 0.0, math.inf)
-            elif key == "v1":
-                values[key] = _float(spec, key, text, 0.0, math.inf, lo_open=True)
-            else:  # n0
-                values[key] = _float(spec, key, text, 0.0, math.inf, lo_open=True)
+            values[key] = _knob_text(spec, key, text)
     return Calibrated(kind=kind, **values)
 
 

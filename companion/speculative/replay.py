@@ -247,6 +247,19 @@ def record_chains(
     return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended, disagree)
 
 
+def _check_chains(chains: Any, what: str = "chains") -> RecordedChains:
+    if not isinstance(chains, RecordedChains):
+        raise ValueError(f"{what} must be a RecordedChains (made by record_chains), got {type(chains).__name__}")
+    return chains
+
+
+def _check_costs(costs: Any) -> CostModel:
+    if not isinstance(costs, CostModel):
+        raise ValueError(f"costs must be a CostModel (companion.speculative.CostModel: c and the V(k) table), "
+                         f"got {type(costs).__name__}")
+    return costs
+
+
 def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
     """Decode ``chains``' prompt under ``policy`` without a model: the rounds a lossless :func:`generate` makes.
 
@@ -258,6 +271,7 @@ def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
     A :class:`Policy` object carries its state over (as with ``generate``); a spec string gives a
     fresh one. The result has no timings (``nan``) and no per-round seconds.
     """
+    _check_chains(chains)
     pol = parse_policy(policy)
     needs_rho = bool(getattr(pol, "needs_certificate", False))
     needs_kl = bool(getattr(pol, "needs_kl", False))
@@ -347,7 +361,7 @@ def oracle_plan(chains: RecordedChains, costs: CostModel) -> list[int]:
     ``s + min(k, L_s) + 1`` (the accepted drafts and the target's token). Ties go to the fewest
     drafts.
     """
-    _, choice = _dp(chains, costs)
+    _, choice = _dp(_check_chains(chains), _check_costs(costs))
     plan, s = [], 0
     while s < len(chains.tokens):
         plan.append(choice[s])
@@ -362,7 +376,8 @@ def oracle_cost(chains: RecordedChains, costs: CostModel) -> float:
     :func:`oracle_plan`); the convention of :func:`~companion.speculative.modelled_cost`
     (prefill counted as an ordinary forward). ``nan`` for an empty text.
     """
-    n = len(chains.tokens)
+    n = len(_check_chains(chains).tokens)
+    _check_costs(costs)
     if n == 0:
         return math.nan
     return _dp(chains, costs)[0][0] / n
@@ -434,6 +449,15 @@ def replay_comparison(
         raise ValueError(f"the built-ins must start with 'constant:0' (the reference decoding), got {names[:1]}")
     if not eval_chains:
         raise ValueError("no recordings to replay")
+    _check_costs(costs)
+    for i, ch in enumerate(eval_chains):
+        # an empty text has no token to price: its cost per token is NaN, and a NaN in the totals
+        # would make every policy's cost NaN
+        if not _check_chains(ch, f"eval_chains[{i}]").tokens:
+            raise ValueError(f"eval_chains[{i}] is an empty recording (max_new_tokens = {ch.max_new_tokens}): "
+                             "it has no token to price; leave it out")
+    for i, ch in enumerate(calibration_chains):
+        _check_chains(ch, f"calibration_chains[{i}]")
     results: dict[str, list[SpeculativeResult]] = {}
     for spec in names:
         runs = (replayed or {}).get(spec)

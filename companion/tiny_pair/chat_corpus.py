@@ -33,12 +33,15 @@ from __future__ import annotations
 import ast
 import random
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from companion.prompts import Prompt
+from companion.tiny_pair import chat_basics as basics
+from companion.tiny_pair.chat_basics import (  # noqa: F401 (re-exported: the corpus's public names)
+    CAPITALS, HOUSE_STYLE_SHARE, MONTHS, WEEKDAYS, CodeUnit, Material, Task, _answer)
+from companion.tiny_pair.closed_tasks import CLOSED_TASKS, closing
 from companion.tiny_pair.config import DEFAULT_TASK_SET, TASK_SETS
 from companion.tiny_pair.corpus import SourceFile
 from companion.tiny_pair.tokenizer import IM_END, IM_START, THINK_CLOSE, THINK_OPEN
@@ -79,21 +82,8 @@ POOLS: dict[str, tuple[str, ...]] = {
     "colors": COLORS, "fruits": FRUITS, "animals": ANIMALS, "cities": CITIES, "names": NAMES,
     "tools": TOOLS, "jobs": JOBS,
 }
-WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
 LETTERS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 FIELDS = ("name", "city", "job", "color", "fruit", "pet", "age", "id")
-#: Countries and their capitals, facts the model memorises as a chat model answers from memory.
-CAPITALS = (
-    ("France", "Paris"), ("Germany", "Berlin"), ("Spain", "Madrid"), ("Italy", "Rome"), ("Austria", "Vienna"),
-    ("Norway", "Oslo"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Greece", "Athens"),
-    ("Poland", "Warsaw"), ("Japan", "Tokyo"), ("Egypt", "Cairo"), ("Peru", "Lima"), ("Ecuador", "Quito"),
-    ("Kenya", "Nairobi"), ("Senegal", "Dakar"), ("Vietnam", "Hanoi"), ("Sweden", "Stockholm"),
-    ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Hungary", "Budapest"), ("Chile", "Santiago"),
-    ("Canada", "Ottawa"), ("Australia", "Canberra"), ("Mexico", "Mexico City"), ("Cuba", "Havana"),
-    ("Ghana", "Accra"), ("Nepal", "Kathmandu"), ("Thailand", "Bangkok"), ("Belgium", "Brussels"),
-)
 UNITS = (  # (from, to, factor): to = from * factor
     ("km", "m", 1000), ("m", "cm", 100), ("cm", "mm", 10), ("kg", "g", 1000), ("l", "ml", 1000),
     ("s", "ms", 1000), ("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24),
@@ -103,16 +93,6 @@ UNITS = (  # (from, to, factor): to = from * factor
 
 # --------------------------------------------------------------------------------------------------
 # Material from the standard library
-
-
-@dataclass(frozen=True)
-class CodeUnit:
-    """One top-level or method ``def``/``class`` from a stdlib file: its source and docstring's first paragraph."""
-
-    name: str
-    source: str
-    doc: str
-    defined: tuple[str, ...]  # names of the functions/classes defined in ``source``, in order
 
 
 def code_units(files: Sequence[SourceFile], max_lines: int = 24) -> list[CodeUnit]:
@@ -157,15 +137,6 @@ def identifiers(units: Sequence[CodeUnit]) -> list[str]:
 # Tasks. Each takes (rng, material) and returns (question, answer).
 
 
-@dataclass(frozen=True)
-class Material:
-    """What the tasks draw from: stdlib code units and identifiers of one split."""
-
-    units: tuple[CodeUnit, ...]
-    idents: tuple[str, ...]
-    documented: tuple[CodeUnit, ...]
-
-
 def _items(rng: random.Random, m: Material, lo: int = 3, hi: int = 8) -> tuple[str, list[str]]:
     kind = rng.choice(tuple(POOLS) + ("identifiers",))
     if kind == "identifiers" and len(m.idents) < hi:
@@ -179,33 +150,12 @@ def _pick(rng: random.Random, *options: str) -> str:
     return rng.choice(options)
 
 
-#: Share of answers written in a task's house style (its first wording); the rest pick another one.
-HOUSE_STYLE_SHARE = 0.85
-
-
-def _answer(rng: random.Random, house: str, *others: str, weights: Sequence[float] | None = None) -> str:
-    """An answer's wording: like a chat model, one house style per task (``house``), other wordings now and then.
-
-    The variety lives in the questions; a fixed answer style is what makes most of an answer's
-    steps predictable from the request, as they are for a chat LLM. With ``weights`` (one per
-    option, ``house`` first) the choice is drawn with those weights instead: the "closed" task
-    set's deliberate alternatives (:mod:`companion.tiny_pair.closed_tasks`).
-    """
-    if weights is not None:
-        if len(weights) != 1 + len(others):
-            raise ValueError(f"{len(weights)} weights for {1 + len(others)} options")
-        return rng.choices((house, *others), weights=weights)[0]
-    if not others or rng.random() < HOUSE_STYLE_SHARE:
-        return house
-    return rng.choice(others)
-
-
 def task_upper(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m)
     q = _pick(rng, f"Write these {kind} in upper case: {', '.join(xs)}",
               f"Convert to capital letters: {', '.join(xs)}",
               f"Make every word upper case.\n{chr(10).join(xs)}")
-    a = _answer(rng, "In upper case: ", "Here they are in capitals: ", "") + ", ".join(x.upper() for x in xs)
+    a = basics._answer(rng, "In upper case: ", "Here they are in capitals: ", "") + ", ".join(x.upper() for x in xs)
     return q, a
 
 
@@ -213,7 +163,7 @@ def task_lower(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m)
     ys = [x.upper() for x in xs]
     q = _pick(rng, f"Write these in lower case: {', '.join(ys)}", f"Lower-case this list: {', '.join(ys)}")
-    return q, _answer(rng, "In lower case: ", "") + ", ".join(x.lower() for x in xs)
+    return q, basics._answer(rng, "In lower case: ", "") + ", ".join(x.lower() for x in xs)
 
 
 def task_reverse(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -221,14 +171,14 @@ def task_reverse(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Reverse the order of these {kind}: {', '.join(xs)}",
               f"List these from last to first: {', '.join(xs)}",
               f"Give me this list backwards: {', '.join(xs)}")
-    return q, _answer(rng, "Reversed: ", "From last to first: ", "") + ", ".join(reversed(xs))
+    return q, basics._answer(rng, "Reversed: ", "From last to first: ", "") + ", ".join(reversed(xs))
 
 
 def task_sort(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m, 4, 8)
     q = _pick(rng, f"Sort these {kind} alphabetically: {', '.join(xs)}",
               f"Put the following in alphabetical order: {', '.join(xs)}")
-    return q, _answer(rng, "In alphabetical order: ", "Sorted: ", "") + ", ".join(sorted(xs, key=str.lower))
+    return q, basics._answer(rng, "In alphabetical order: ", "Sorted: ", "") + ", ".join(sorted(xs, key=str.lower))
 
 
 def task_number(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -236,14 +186,14 @@ def task_number(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Turn this into a numbered list: {', '.join(xs)}",
               f"Number these {kind}, one per line: {', '.join(xs)}")
     lines = "\n".join(f"{i}. {x}" for i, x in enumerate(xs, 1))
-    return q, _answer(rng, "Here is the numbered list:\n", "") + lines
+    return q, basics._answer(rng, "Here is the numbered list:\n", "") + lines
 
 
 def task_count(rng: random.Random, m: Material) -> tuple[str, str]:
     kind, xs = _items(rng, m, 3, 12)
     q = _pick(rng, f"How many {kind} are in this list? {', '.join(xs)}",
               f"Count the items: {', '.join(xs)}")
-    return q, _answer(rng, f"There are {len(xs)} items.", f"The list has {len(xs)} {kind}.", f"{len(xs)}")
+    return q, basics._answer(rng, f"There are {len(xs)} items.", f"The list has {len(xs)} {kind}.", f"{len(xs)}")
 
 
 def _record(rng: random.Random) -> dict[str, str]:
@@ -269,7 +219,7 @@ def task_lookup(rng: random.Random, m: Material) -> tuple[str, str]:
     q = _pick(rng, f"Here is a record:\n{_show_record(rng, rec)}\nWhat is the {key}?",
               f"{_show_record(rng, rec)}\n\nFrom the record above, give me the value of {key}.",
               f"Look up the field {key} in this record: {_show_record(rng, rec)}")
-    return q, _answer(rng, f"The {key} is {rec[key]}.", f"{key}: {rec[key]}", rec[key])
+    return q, basics._answer(rng, f"The {key} is {rec[key]}.", f"{key}: {rec[key]}", rec[key])
 
 
 def task_extract(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -287,7 +237,7 @@ def task_to_json(rng: random.Random, m: Material) -> tuple[str, str]:
     sentence = ", ".join(f"the {k} is {v}" for k, v in rec.items())
     q = _pick(rng, f"Write this as a JSON object: {sentence}.", f"Convert to JSON: {sentence}.")
     body = "{" + ", ".join(f'"{k}": "{v}"' for k, v in rec.items()) + "}"
-    return q, _answer(rng, f"```json\n{body}\n```", body)
+    return q, basics._answer(rng, f"```json\n{body}\n```", body)
 
 
 def task_table(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -309,7 +259,7 @@ def task_convert(rng: random.Random, m: Material) -> tuple[str, str]:
     x = rng.randint(1, 99)
     q = _pick(rng, f"Convert {x} {src} to {dst}.", f"How many {dst} are in {x} {src}?",
               f"What is {x} {src} in {dst}?")
-    return q, _answer(rng, f"{x} {src} is {x * factor} {dst}.", f"{x * factor} {dst}",
+    return q, basics._answer(rng, f"{x} {src} is {x * factor} {dst}.", f"{x * factor} {dst}",
                     f"Since 1 {src} is {factor} {dst}, {x} {src} is {x} x {factor} = {x * factor} {dst}.")
 
 
@@ -318,7 +268,7 @@ def task_arith(rng: random.Random, m: Material) -> tuple[str, str]:
     op = rng.choice("+-x")
     r = a + b if op == "+" else a - b if op == "-" else a * b
     q = _pick(rng, f"What is {a} {op} {b}?", f"Compute {a} {op} {b}.", f"Calculate {a} {op} {b} for me.")
-    return q, _answer(rng, f"{a} {op} {b} = {r}", f"The answer is {r}.", f"{r}")
+    return q, basics._answer(rng, f"{a} {op} {b} = {r}", f"The answer is {r}.", f"{r}")
 
 
 def task_sequence(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -345,7 +295,7 @@ def task_sequence(rng: random.Random, m: Material) -> tuple[str, str]:
 def task_acronym(rng: random.Random, m: Material) -> tuple[str, str]:
     words = rng.sample(COLORS + FRUITS + ANIMALS + TOOLS + JOBS, rng.randint(3, 6))
     q = f"Give the first letter of each word, in capitals: {' '.join(words)}"
-    return q, _answer(rng, "".join(w[0].upper() for w in words), " ".join(w[0].upper() for w in words))
+    return q, basics._answer(rng, "".join(w[0].upper() for w in words), " ".join(w[0].upper() for w in words))
 
 
 def task_filter(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -354,14 +304,14 @@ def task_filter(rng: random.Random, m: Material) -> tuple[str, str]:
     rng.shuffle(xs)
     keep = [x for x in xs if x in FRUITS and x not in POOLS[kinds[0]]]
     q = f"Which of these are fruits? {', '.join(xs)}"
-    return q, _answer(rng, "The fruits are: ", "") + ", ".join(keep)
+    return q, basics._answer(rng, "The fruits are: ", "") + ", ".join(keep)
 
 
 def task_capital(rng: random.Random, m: Material) -> tuple[str, str]:
     country, capital = rng.choice(CAPITALS)
     q = _pick(rng, f"What is the capital of {country}?", f"Which city is the capital of {country}?",
               f"Name the capital city of {country}.", f"{country}: what is its capital?")
-    return q, _answer(rng, f"The capital of {country} is {capital}.", f"{capital}.", capital)
+    return q, basics._answer(rng, f"The capital of {country} is {capital}.", f"{capital}.", capital)
 
 
 def task_next_name(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -373,7 +323,7 @@ def task_next_name(rng: random.Random, m: Material) -> tuple[str, str]:
     x, y = seq[i], seq[(i + 1) % len(seq)]
     q = _pick(rng, f"Which {what} comes after {x}?", f"What is the {what} after {x}?",
               f"If it is {x} now, what {what} is next?")
-    return q, _answer(rng, f"The {what} after {x} is {y}.", f"{y}.", y)
+    return q, basics._answer(rng, f"The {what} after {x} is {y}.", f"{y}.", y)
 
 
 def task_code_docstring(rng: random.Random, m: Material) -> tuple[str, str]:
@@ -391,8 +341,6 @@ def task_code_continue(rng: random.Random, m: Material) -> tuple[str, str]:
     q = "Continue this code:\n```python\n" + "\n".join(lines[:k]) + "\n```"
     return q, "```python\n" + "\n".join(lines[k:k + 3]) + "\n```"
 
-
-Task = Callable[[random.Random, Material], tuple[str, str]]
 
 #: Task table with weights, mostly prompt-determined answers and a few open-ended ones (last two).
 #: Not here on purpose: answers that copy a free list item by item (repeat it, bullet it, write it as a
@@ -441,8 +389,6 @@ def tasks_of(task_set: str) -> dict[str, tuple[Task, float]]:
     if task_set == "mixed":
         return TASKS
     if task_set == "closed":
-        from companion.tiny_pair.closed_tasks import CLOSED_TASKS
-
         return CLOSED_TASKS
     raise ValueError(f"unknown chat task set {task_set!r}; expected one of {', '.join(TASK_SETS)}")
 
@@ -471,8 +417,6 @@ def generate(material: Material, seed: int, index: int, stream: str = "train",
         if rng.random() < HOUSE_STYLE_SHARE:
             a += CLOSERS.get(name, "")
     else:
-        from companion.tiny_pair.closed_tasks import closing
-
         a += closing(rng)
     return name, q, a
 

@@ -66,7 +66,7 @@ def _refuse(command: str, err: object) -> int:
 
 
 def _check_reuse_target(path: Path) -> None:
-    from companion.tiny_pair.report import PairFolderError, read_pair_manifest
+    from companion.tiny_pair.pair_folder import PairFolderError, read_pair_manifest
 
     try:
         manifest = read_pair_manifest(path)
@@ -116,6 +116,12 @@ def cmd_retrain(args: argparse.Namespace) -> int:
                     else default_ref if default_ref.is_file() else None)
         if args.out.exists() and not args.out.is_dir():
             raise _Refused(f"--out {args.out} is a file; pass a folder (it is replaced atomically if it exists)")
+        _check_creatable(args.out, "--out")
+        if args.checkpoint_dir is not None:
+            if args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+                raise _Refused(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (it is created if "
+                               "missing)")
+            _check_creatable(args.checkpoint_dir, "--checkpoint-dir")
     except _Refused as err:
         return _refuse("retrain", err)
     # SIGTERM (e.g. a job runner's timeout) becomes SystemExit, so the staging folder is cleaned up.
@@ -138,6 +144,20 @@ def cmd_retrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_creatable(path: Path, option: str) -> None:
+    """``path`` is a folder this process can write, or can be created: its nearest existing ancestor is a
+    writable folder (the build writes a staging folder beside ``--out``, so its parent must be writable too)."""
+    import os
+
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise _Refused(f"{option} {path}: cannot create it, {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _Refused(f"{option} {path}: cannot create it, {parent} is not writable")
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -150,10 +170,12 @@ def _split_kv(s: str) -> tuple[str, str]:
 
 
 def cmd_pair_report(args: argparse.Namespace) -> int:
-    from companion.tiny_pair.report import PairFolderError, pair_report, read_pair_manifest
+    from companion.tiny_pair.pair_folder import PairFolderError, read_pair_manifest, read_pair_prompts
+    from companion.tiny_pair.report import pair_report
 
     try:
-        read_pair_manifest(args.pair)  # before any model loads
+        read_pair_manifest(args.pair)  # before any model loads: the folder, its manifest and its prompts
+        read_pair_prompts(args.pair)
     except PairFolderError as err:
         return _refuse("pair-report", f"--pair {err}")
 
@@ -172,20 +194,34 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return "-" if x is None else str(x)
 
 
+def _section(d: Any, key: str) -> dict[str, Any]:
+    """``d[key]`` when both are mappings, else empty: a report prints what a manifest has, never a traceback."""
+    value = d.get(key) if isinstance(d, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _count(x: Any) -> str:
+    return f"{x:,}" if isinstance(x, int) and not isinstance(x, bool) else _fmt(x)
+
+
 def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str:
     """Plain-text report: sizes, training, held-out and greedy figures (manifest vs fresh), speed."""
     m, f = manifest, fresh or {}
-    fig, ffig = m.get("figures", {}), f.get("figures") or {}
+    fig, ffig = _section(m, "figures"), _section(f, "figures")
     out = []
-    models = m.get("models", {})
-    out.append(f"pair: target {models.get('target', {}).get('params', 0):,} params, drafter "
-               f"{models.get('drafter', {}).get('params', 0):,} params, vocab {models.get('vocab_size')}, "
+    models = _section(m, "models")
+    out.append(f"pair: target {_count(_section(models, 'target').get('params'))} params, drafter "
+               f"{_count(_section(models, 'drafter').get('params'))} params, vocab {models.get('vocab_size')}, "
                f"stored as {models.get('save_dtype')}")
-    tr = m.get("training", {})
+    tr = _section(m, "training")
     for name in ("target", "drafter"):
-        s = tr.get(name, {})
+        s = _section(tr, name)
+        if not s:
+            out.append(f"training {name}: not recorded in the manifest")
+            continue
         what = "loss" if name == "target" else "KL(target||drafter)"
-        out.append(f"training {name}: {s.get('steps')} steps, {s.get('tokens'):,} tokens, {s.get('seconds')} s "
+        tokens = s.get("tokens")
+        out.append(f"training {name}: {s.get('steps')} steps, {_count(tokens)} tokens, {s.get('seconds')} s "
                    f"({s.get('tokens_per_second')} tok/s), {what} {s.get('first_loss_mean')} -> {s.get('last_loss_mean')}")
     if "files_ok" in f:
         out.append("files: " + ("every sha256 matches the manifest" if f["files_ok"] else
@@ -199,7 +235,7 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
     for label, key in rows:
         out.append(f"  {label:<40} {_fmt(fig.get(key)):>8}" + (f"  {_fmt(ffig.get(key)):>8}" if ffig else ""))
     for section, title in (("held_out", "held-out steps"), ("greedy", "greedy continuations of default prompts")):
-        s, fs = fig.get(section) or {}, (ffig.get(section) or {}) if ffig else {}
+        s, fs = _section(fig, section), _section(ffig, section)
         if not s:
             continue
         out.append(f"{title} ({s.get('n_steps')} steps)")
@@ -217,10 +253,10 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
             ("share of near-ties (p1 - p2 < 0.05)", "frac_near_tie"),
         ):
             out.append(f"  {label:<40} {_fmt(s.get(key)):>8}" + (f"  {_fmt(fs.get(key)):>8}" if fs else ""))
-    r = fig.get("regime")
+    r = _section(fig, "regime")
     if r:
-        out.append(f"\nregime: target's own greedy answers to {r['n_prompts']} chat prompts, at most {r['max_steps']} "
-                   f"steps, stop at EOS ({r['n_steps']} steps)")
+        out.append(f"\nregime: target's own greedy answers to {r.get('n_prompts')} chat prompts, at most {r.get('max_steps')} "
+                   f"steps, stop at EOS ({r.get('n_steps')} steps)")
         for label, key in (("top-1 probability: mean", "top1_mean"), ("top-1 probability: median", "top1_median"),
                            ("top-10 mass: mean", "top10_mass_mean"),
                            ("strict-greedy certificate: median (nats)", "greedy_certificate_median"),
@@ -235,13 +271,13 @@ def format_report(manifest: dict[str, Any], fresh: dict[str, Any] | None) -> str
         out.append(f"\nper task ({which}): the target's greedy answers to the regime's prompts; right = content "
                    "exact-match; p5 = 5th percentile over the answer's steps (certificates: forward, nats)")
         out.extend(format_task_table(tasks))
-    h = fig.get("assisted")
+    h = _section(fig, "assisted")
     if h:
-        out.append(f"\ntransformers' assisted generation, {h['num_assistant_tokens']} drafts a round, same prompts "
-                   f"({h['rounds']} rounds)")
-        out.append(f"  {'accepted drafts per round':<46} {_fmt(h['accepted_per_round']):>8}")
-        out.append(f"  {'new tokens per round':<46} {_fmt(h['tokens_per_round']):>8}")
-    sp, fsp = m.get("speed") or {}, f.get("speed") or {}
+        out.append(f"\ntransformers' assisted generation, {h.get('num_assistant_tokens')} drafts a round, same prompts "
+                   f"({h.get('rounds')} rounds)")
+        out.append(f"  {'accepted drafts per round':<46} {_fmt(h.get('accepted_per_round')):>8}")
+        out.append(f"  {'new tokens per round':<46} {_fmt(h.get('tokens_per_round')):>8}")
+    sp, fsp = _section(m, "speed"), _section(f, "speed")
     if sp or fsp:
         out.append(f"\nspeed ({(fsp or sp).get('device')}, {(fsp or sp).get('torch_threads')} threads, batch 1, KV cache)"
                    f"       {'manifest' if sp else ''}" + ("     fresh" if fsp else ""))

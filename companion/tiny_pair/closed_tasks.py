@@ -15,7 +15,7 @@ offers one (a ripe apple is red or green; a grape green or purple), and its clos
 one of two closing sentences, :data:`CLOSINGS`). A model that learns the corpus is near-certain
 everywhere except at those places, where its mass is split over those few tokens.
 
-Every alternative goes through ``companion.tiny_pair.chat_corpus._answer`` (looked up on the
+Every alternative goes through ``companion.tiny_pair.chat_basics._answer`` (looked up on the
 module at call time), so :func:`companion.tiny_pair.tasks_report.valid_answers` can enumerate every
 answer the generator could have written. The facts below are written for this module.
 """
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import random
 
-from companion.tiny_pair import chat_corpus as chat
-from companion.tiny_pair.chat_corpus import CAPITALS, MONTHS, WEEKDAYS, Material, Task
+from companion.tiny_pair import chat_basics as chat
+from companion.tiny_pair.chat_basics import CAPITALS, MONTHS, WEEKDAYS, Material, Task
 
 #: Weights of two alternatives, unequal so that the most likely one is clear (a greedy decoder
 #: and a drafter agree on it) while the other keeps a large share.

@@ -94,6 +94,7 @@ small; the other 5 are right too); chapter 7 counts them on every build and repo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,20 +175,164 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes carried into the manifest
 
     def __post_init__(self) -> None:
+        # Every field in its range (FIELD_RULES), however the config was made: the defaults, --set,
+        # a manifest read back by pair-report; so a bad value is one line before any work.
         if self.task_set not in TASK_SETS:
             raise ValueError(f"unknown chat task set {self.task_set!r}; expected one of {', '.join(TASK_SETS)}")
+        for key, value in _flat(self).items():
+            rule = FIELD_RULES.get(key)
+            if rule is not None and not rule.holds(value):
+                raise ValueError(f"config {key} must be {rule.describe()}, got {value!r}")
+        if self.seq_len > self.max_position_embeddings:
+            raise ValueError(f"config seq_len ({self.seq_len}) must be <= max_position_embeddings "
+                             f"({self.max_position_embeddings}): a training window must fit the model's positions")
+        if self.prompt_max_tokens < self.prompt_min_tokens:
+            raise ValueError(f"config prompt_max_tokens ({self.prompt_max_tokens}) must be >= prompt_min_tokens "
+                             f"({self.prompt_min_tokens})")
+        for name in ("target", "drafter"):
+            spec = getattr(self, name)
+            if spec.num_attention_heads % spec.num_key_value_heads:
+                raise ValueError(f"config {name}.num_attention_heads ({spec.num_attention_heads}) must be a multiple "
+                                 f"of {name}.num_key_value_heads ({spec.num_key_value_heads})")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"config extra must be a mapping, got {type(self.extra).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        """The config a manifest records; ``ValueError`` (one line) for a field this version does not know
+        (a newer version's manifest), one it lacks, a group that is not a mapping, or a value out of range."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a config must be a mapping, got {type(d).__name__}")
         d = dict(d)
-        d["target"] = ModelSpec(**d["target"])
-        d["drafter"] = ModelSpec(**d["drafter"])
-        d["target_stage"] = StageSpec(**d["target_stage"])
-        d["drafter_stage"] = StageSpec(**d["drafter_stage"])
+        _check_names("config", d, cls)
+        for name, spec_cls in (("target", ModelSpec), ("drafter", ModelSpec), ("target_stage", StageSpec),
+                               ("drafter_stage", StageSpec)):
+            if not isinstance(d[name], dict):
+                raise ValueError(f"config {name} must be a mapping of its fields, got {d[name]!r}")
+            _check_names(f"config {name}", d[name], spec_cls)
+            d[name] = spec_cls(**d[name])
         return cls(**d)
+
+
+def _check_names(what: str, d: dict[str, Any], cls: type) -> None:
+    """``d`` names exactly the fields of ``cls``: a manifest records them all, and one this version does not
+    know (or lacks) comes from another version, whose pair this version would describe wrongly."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(map(str, set(d) - set(names)))
+    if unknown:
+        raise ValueError(f"{what} has fields this version does not know: {', '.join(unknown)} "
+                         "(written by another version of companion?)")
+    missing = [n for n in names if n not in d]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)} (written by another version of companion?)")
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What a config field must be: its type (``bool``, ``int``, ``float``, ``str``), a range for numbers
+    (``inf``: unbounded; ``lo_open``/``hi_open``: the bound excluded), the choices for text, whether
+    ``None`` is allowed, whether an integer must be even."""
+
+    kind: type
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+    even: bool = False
+    noun: str = ""  # text fields: what a value names ("chat task set"), for "unknown chat task set 'x'"
+
+    def describe(self) -> str:
+        """The rule in words, as the refusals print it (``an integer >= 1``, ``a finite number in [0, 1)``)."""
+        if self.kind is bool:
+            text = "true or false"
+        elif self.kind is str:
+            text = "one of " + ", ".join(self.choices)
+        elif self.kind is int:
+            text = (f"an integer >= {int(self.lo)}" if math.isinf(self.hi)
+                    else f"an integer in [{int(self.lo)}, {int(self.hi)}]")
+            if self.even:
+                text = "an even " + text.removeprefix("an ")
+        else:
+            upper = "inf)" if math.isinf(self.hi) else f"{self.hi:g}{')' if self.hi_open else ']'}"
+            text = f"a finite number in {'(' if self.lo_open else '['}{self.lo:g}, {upper}"
+        return text + (" or none" if self.optional else "")
+
+    def holds(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if self.kind is str:
+            return isinstance(value, str) and (not self.choices or value in self.choices)
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else (int, float)):
+            return False
+        if not math.isfinite(value) or (self.even and value % 2):
+            return False
+        above = self.lo < value if self.lo_open else self.lo <= value
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+
+#: A byte-level BPE holds the 256 byte symbols and the pair's 6 special tokens before any merge
+#: (companion.tiny_pair.tokenizer.SPECIAL_TOKENS; tests/test_hostile_input.py checks the count).
+MIN_VOCAB = 256 + 6
+#: Seeds reach torch.manual_seed (a 64-bit integer) with small offsets added (seed + 4 at most).
+MAX_SEED = 2**62
+
+_COUNT = FieldRule(int, 1)
+_MODEL = {"hidden_size": _COUNT, "num_hidden_layers": _COUNT, "intermediate_size": _COUNT,
+          "num_attention_heads": _COUNT, "num_key_value_heads": _COUNT,
+          "head_dim": FieldRule(int, 2, even=True)}  # rotary embeddings rotate pairs of dimensions
+_STAGE = {"steps": _COUNT, "batch_size": _COUNT, "lr": FieldRule(float, 0.0, lo_open=True),
+          "warmup_steps": FieldRule(int, 0), "min_lr_ratio": FieldRule(float, 0.0, 1.0),
+          "weight_decay": FieldRule(float, 0.0), "grad_clip": FieldRule(float, 0.0, lo_open=True)}
+#: The range of every settable config field, by dotted key (the keys ``--set`` takes).
+FIELD_RULES: dict[str, FieldRule] = {
+    "seed": FieldRule(int, 0, MAX_SEED),
+    "vocab_size": FieldRule(int, MIN_VOCAB),
+    "max_files": FieldRule(int, 1, optional=True),
+    "seq_len": FieldRule(int, 2),
+    "max_position_embeddings": FieldRule(int, 2),
+    "rope_theta": FieldRule(float, 0.0, lo_open=True),
+    **{f"{group}.{k}": rule for group in ("target", "drafter") for k, rule in _MODEL.items()},
+    **{f"{group}.{k}": rule for group in ("target_stage", "drafter_stage") for k, rule in _STAGE.items()},
+    "save_dtype": FieldRule(str, choices=("float16", "bfloat16", "float32"), noun="save dtype"),
+    "num_threads": _COUNT,
+    "eval_max_tokens": _COUNT,
+    "n_prompts": _COUNT,
+    "prompt_min_tokens": _COUNT,
+    "prompt_max_tokens": _COUNT,
+    "greedy_prompts": _COUNT,
+    "greedy_steps": _COUNT,
+    "task_set": FieldRule(str, choices=TASK_SETS, noun="chat task set"),
+    "chat_conversations": _COUNT,
+    # shares s of the training windows: the other windows are scaled by s / (1 - s), so s < 1
+    "natural_share": FieldRule(float, 0.0, 1.0, hi_open=True),
+    "answer_only_loss": FieldRule(bool),
+    "eval_conversations": _COUNT,
+    "regime_prompts": _COUNT,
+    "regime_steps": _COUNT,
+    "assisted_num_tokens": _COUNT,
+    "copy_warmup_steps": FieldRule(int, 0),
+    "copy_share": FieldRule(float, 0.0, 1.0, hi_open=True),
+}
+
+
+def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Every field of ``cfg`` by dotted key, nested specs expanded (``target_stage.steps``)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(_flat(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
 
 
 def default_config() -> TrainConfig:
@@ -254,8 +399,9 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, str]) -> TrainConfig:
         node[leaf] = _parse_like(node[leaf], raw, key)
     try:
         return TrainConfig.from_dict(d)
-    except ValueError as err:  # a value of the right type that the config refuses (e.g. an unknown task set)
-        raise ConfigOverrideError(str(err)) from None
+    except ValueError as err:  # values in range one by one that do not fit together (seq_len > positions...)
+        given = " ".join(f"{k}={v}" for k, v in overrides.items())
+        raise ConfigOverrideError(f"{given}: {err}") from None
 
 
 def _known(node: dict[str, Any], prefix: list[str]) -> str:
@@ -268,24 +414,36 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _parse_like(old: Any, raw: str, key: str) -> Any:
-    """``raw`` read as the type of the field's current value ``old``."""
+    """``raw`` read as field ``key``'s type and checked against its range (:data:`FIELD_RULES`), so the
+    refusal names the range at parse time; ``old`` is the field's current value, quoted in the message."""
+    rule = FIELD_RULES.get(key)
+    if rule is None:  # a field without a rule (none today): read like its current value, unchecked
+        rule = FieldRule(type(old) if isinstance(old, (bool, int, float, str)) else str)
+    expected = f"{key}={raw}: expected {rule.describe()} (now {old!r}), got {raw!r}"
     if raw.lower() == "none":
-        return None
-    if isinstance(old, bool):
+        if rule.optional:
+            return None
+        raise ConfigOverrideError(expected)
+    if rule.kind is bool:
         # Anything but a recognised spelling used to read as False: refuse it instead.
         if raw.lower() in _TRUE + _FALSE:
             return raw.lower() in _TRUE
         raise ConfigOverrideError(f"{key}={raw}: expected true or false, got {raw!r}")
-    if isinstance(old, int) or (old is None and raw.lstrip("-").isdigit()):
+    value: Any
+    if rule.kind is int:
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
-            raise ConfigOverrideError(f"{key}={raw}: expected an integer (now {old!r}), got {raw!r}") from None
-    if isinstance(old, float):
+            raise ConfigOverrideError(expected) from None
+    elif rule.kind is float:
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
-            raise ConfigOverrideError(f"{key}={raw}: expected a number (now {old!r}), got {raw!r}") from None
-    if isinstance(old, str):
-        return raw
-    raise ConfigOverrideError(f"{key}={raw}: config key {key!r} cannot be overridden from the command line")
+            raise ConfigOverrideError(expected) from None
+    else:
+        value = raw
+    if not rule.holds(value):
+        if rule.kind is str and rule.noun:
+            raise ConfigOverrideError(f"{key}={raw}: unknown {rule.noun} {raw!r}; expected {rule.describe()}")
+        raise ConfigOverrideError(expected)
+    return value

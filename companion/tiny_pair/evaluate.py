@@ -5,7 +5,9 @@ on-policy along greedy continuations of prompts (the setting of the paper's expe
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +16,18 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with exactly ``n`` intra-op threads (float reductions depend on it), then restore."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
 
 PEAKED = 0.9  # p(1) at or above: a peaked step
 FLAT = 0.3  # p(1) below: a flat step

@@ -1,58 +1,13 @@
 """``pair-report``: check a saved pair against its manifest and re-measure its figures on this machine."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
-from companion.tiny_pair.config import TrainConfig
-
-
-def verify_files(pair_dir: Path, manifest: dict[str, Any]) -> list[str]:
-    """Relative paths whose sha256 differs from the manifest's (or that are missing)."""
-    from companion.tiny_pair.train import sha256_file
-
-    bad = []
-    for rel, digest in manifest.get("files_sha256", {}).items():
-        p = pair_dir / rel
-        if not p.is_file() or sha256_file(p) != digest:
-            bad.append(rel)
-    return bad
-
-
-class PairFolderError(ValueError):
-    """A folder given as a pair that is not one (missing, a file, no manifest, a part missing)."""
-
-
-PAIR_PARTS = ("manifest.json", "target/config.json", "drafter/config.json", "prompts.jsonl")
-
-
-def read_pair_manifest(pair_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a pair folder written by ``companion retrain``, after checking it is one.
-
-    Raises :class:`PairFolderError` with one line naming the folder and what is missing, before
-    any model is loaded.
-    """
-    pair_dir = Path(pair_dir)
-    what = "a pair folder holds " + ", ".join(PAIR_PARTS) + " (written by companion retrain)"
-    if not pair_dir.exists():
-        raise PairFolderError(f"{pair_dir}: no such folder; {what}")
-    if not pair_dir.is_dir():
-        raise PairFolderError(f"{pair_dir} is a file; {what}")
-    if (pair_dir / "config.json").is_file() and not (pair_dir / "manifest.json").exists():
-        raise PairFolderError(f"{pair_dir} is a single model folder, not a pair; {what}")
-    missing = [part for part in PAIR_PARTS if not (pair_dir / part).is_file()]
-    if missing:
-        raise PairFolderError(f"{pair_dir}: not a pair folder (no {', '.join(missing)}); {what}")
-    try:
-        manifest = json.loads((pair_dir / "manifest.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise PairFolderError(f"{pair_dir / 'manifest.json'} is damaged (not valid JSON: {err})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
-        raise PairFolderError(f"{pair_dir / 'manifest.json'} is not a pair manifest (no 'config' mapping)")
-    return manifest
+from companion.tiny_pair.pair_folder import (  # noqa: F401 (re-exported: where callers found them first)
+    PAIR_PARTS, PairFolderError, pair_config, read_pair_manifest, read_pair_prompts, verify_files)
 
 
 def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = True,
@@ -68,16 +23,15 @@ def pair_report(pair_dir: str | Path, *, recompute: bool = True, speed: bool = T
     import torch
 
     from companion.models import load_pair
-    from companion.prompts import load_prompts
-    from companion.tiny_pair.evaluate import evaluate_pair, measure_speed
-    from companion.tiny_pair.train import answer_weights, token_stream, torch_threads, windows
+    from companion.tiny_pair.evaluate import evaluate_pair, measure_speed, torch_threads
+    from companion.tiny_pair.windows import answer_weights, token_stream, windows
 
     pair_dir = Path(pair_dir)
     manifest = read_pair_manifest(pair_dir)
-    cfg = TrainConfig.from_dict(manifest["config"])
+    cfg = pair_config(manifest, pair_dir / "manifest.json")
     bad = verify_files(pair_dir, manifest)
     fresh: dict[str, Any] = {"files_ok": not bad, "files_bad": bad}
-    prompts = load_prompts(pair_dir / "prompts.jsonl")
+    prompts = read_pair_prompts(pair_dir)
     with torch_threads(cfg.num_threads):
         if recompute:
             files = corpus_mod.load_corpus(max_files=cfg.max_files)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from companion.prompts import Prompt
+from companion.tiny_pair import chat_basics as basics
 from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair.config import DEFAULT_TASK_SET
 
@@ -48,7 +49,7 @@ def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str
     (a choice's options may contain the placeholders of earlier choices, never of later ones).
     """
     options: list[tuple[str, tuple[str, ...]]] = []
-    original = chat_mod._answer
+    original = basics._answer
 
     def recording(rng: random.Random, house: str, *others: str, weights=None) -> str:
         original(rng, house, *others, weights=weights)  # the same draws, so everything after it is the same
@@ -56,11 +57,11 @@ def valid_answers(material: chat_mod.Material, seed: int, line: int, stream: str
         options.append((placeholder, (house, *others)))
         return placeholder
 
-    chat_mod._answer = recording
+    basics._answer = recording
     try:
         task, question, answer = chat_mod.generate(material, seed, line, stream, task_set)
     finally:
-        chat_mod._answer = original
+        basics._answer = original
     closer = chat_mod.closer_of(task_set, task)
     base = answer[: -len(closer)] if closer and answer.endswith(closer) else answer
     bases = {base}
@@ -165,21 +166,19 @@ def pair_task_table(pair_dir: Any, n_prompts: int | None = None,
     from pathlib import Path
 
     from companion.models import load_pair
-    from companion.prompts import load_prompts
     from companion.tiny_pair import corpus as corpus_mod
-    from companion.tiny_pair.config import TrainConfig
-    from companion.tiny_pair.report import read_pair_manifest
-    from companion.tiny_pair.train import torch_threads
+    from companion.tiny_pair.evaluate import torch_threads
+    from companion.tiny_pair.pair_folder import pair_config, read_pair_manifest, read_pair_prompts
 
     pair_dir = Path(pair_dir)
     manifest = read_pair_manifest(pair_dir)
-    cfg = TrainConfig.from_dict(manifest["config"])
+    cfg = pair_config(manifest, pair_dir / "manifest.json")
     files = corpus_mod.load_corpus(max_files=cfg.max_files)
     if corpus_mod.corpus_digest(files) != manifest["corpus"]["digest_sha256"]:
         return None
     train, held = corpus_mod.split_corpus(files)
     target, _, tok = load_pair(pair_dir / "target", False, device="cpu", dtype=torch.float32)
-    prompts = load_prompts(pair_dir / "prompts.jsonl")[: n_prompts or cfg.regime_prompts]
+    prompts = read_pair_prompts(pair_dir)[: n_prompts or cfg.regime_prompts]
     eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
     # the pair's own thread count (one): a model this small only loses from a second thread, and
     # a lot when another process holds the other core

@@ -7,7 +7,6 @@ count and package versions: it writes ``tokenizer/``, ``target/``, ``drafter/`` 
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
@@ -32,12 +31,13 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
-from companion.tiny_pair.evaluate import assisted_acceptance, evaluate_pair, measure_speed, regime
+from companion.tiny_pair.evaluate import assisted_acceptance, evaluate_pair, measure_speed, regime, torch_threads
+from companion.tiny_pair.pair_folder import MANIFEST_NAME, file_hashes, sha256_file
 from companion.tiny_pair.prompt_set import write_prompts_jsonl
 from companion.tiny_pair.tasks_report import format_task_table, task_table
-from companion.tiny_pair.tokenizer import DOC_SEPARATOR, THINK_CLOSE, train_bpe, wrap
+from companion.tiny_pair.tokenizer import DOC_SEPARATOR, train_bpe, wrap
+from companion.tiny_pair.windows import answer_weights, token_stream, windows
 
-MANIFEST_NAME = "manifest.json"
 PROMPTS_NAME = "prompts.jsonl"
 
 
@@ -80,17 +80,6 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run with exactly ``n`` intra-op threads (float reductions depend on it), then restore."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def make_model(spec: ModelSpec, cfg: TrainConfig, vocab_size: int, eos_id: int, pad_id: int,
                stop_ids: list[int] | None = None) -> Qwen3ForCausalLM:
     """A freshly initialised ``Qwen3ForCausalLM`` of the given shape (weights from the current RNG state).
@@ -124,41 +113,6 @@ def make_model(spec: ModelSpec, cfg: TrainConfig, vocab_size: int, eos_id: int, 
 def n_params(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def token_stream(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
-    """All texts tokenised and joined into one 1-D stream, each followed by ``<|endoftext|>`` (the document separator)."""
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    eos = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
-    flat: list[int] = []
-    for seq in ids:
-        flat.extend(seq)
-        flat.append(eos)
-    return torch.tensor(flat, dtype=torch.long)
-
-
-def answer_weights(tokenizer: PreTrainedTokenizerFast, texts: list[str], answer_only: bool) -> torch.Tensor:
-    """Per-token loss weights aligned with :func:`token_stream` ``(tokenizer, texts)``.
-
-    With ``answer_only``, a token counts (weight 1) when it follows the conversation's ``</think>``
-    (the assistant's answer, its ``<|im_end|>`` and the separator after it); the user turn weighs 0,
-    because a chat model is trained on its answers, and the user turns here are random lists whose
-    prediction would only take capacity from learning to answer. Texts without ``</think>``
-    (natural text) weigh 1 throughout.
-    """
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
-    flat: list[float] = []
-    for seq in ids:
-        start = seq.index(close) + 1 if answer_only and close in seq else 0
-        flat.extend([0.0] * start + [1.0] * (len(seq) - start + 1))  # + 1: the separator
-    return torch.tensor(flat, dtype=torch.float32)
-
-
-def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Non-overlapping windows of ``seq_len`` tokens, shape (n, seq_len); the tail that doesn't fill one is dropped."""
-    n = stream.numel() // seq_len
-    return stream[: n * seq_len].view(n, seq_len)
 
 
 def batch_order(n_windows: int, n_batches: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -281,23 +235,6 @@ def _round_trip_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(dtype).to(p.dtype))
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def file_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root`` except the manifest itself, keyed by POSIX relative path."""
-    return {
-        p.relative_to(root).as_posix(): sha256_file(p)
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_NAME
-    }
 
 
 def package_versions() -> dict[str, str]:
