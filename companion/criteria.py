@@ -36,10 +36,12 @@ The default of every certificate is therefore the *worst case over tie-breaks*
 (``ties="worst"``): a token counts as accepted only if every fixed tie-break accepts it. Only
 the rank conditions depend on a tie-break (which of several tokens tied across the m-th place
 ``argmax``/``topk`` keeps); a threshold test ``p_y >= tau`` does not. So a token exactly *at* an
-additive, multiplicative or top-k-delta threshold is accepted, as every decoder accepts it
-(``p_y >= tau``, :meth:`Criterion.decoder_accepts`; TensorRT-LLM's relaxed acceptance and
-Medusa's typical acceptance compare the same way, ``>=`` and ``>`` respectively), and only ties
-across a rank boundary count against the token. The worst case accepts ``y`` iff
+additive, multiplicative or top-k-delta threshold is accepted, as the decoders accept it
+(``p_y >= tau``, :meth:`Criterion.decoder_accepts`; TensorRT-LLM's MTP relaxed acceptance
+kernel, ``mtpRelaxedAcceptanceKernel``, walks the target's top-k and stops at the first
+candidate with ``p(1) - delta > p_j``, so it too accepts a candidate exactly at the threshold;
+Medusa's typical acceptance is strict, ``>``, and is written so here), and only ties across a
+rank boundary count against the token. The worst case accepts ``y`` iff
 ``p_y > tau_worst(p)`` (strict), with
 
 ====================  ==============================================================
@@ -58,8 +60,10 @@ spec                  ``tau_worst(p)``
 ``below(t)`` is the largest float64 below ``t`` (``torch.nextafter(t, -inf)``), so that for
 every float64 ``x``, ``x > below(t)`` iff ``x >= t``: the comparison stays the decoders' own
 ``>=`` on the float64 normalised probabilities, exactly, with one strict comparison for every
-criterion. (The rule computed in exact arithmetic can differ from the decoders' float64 one by
-one rounding of ``p(1) - D`` or ``A p(1)``; the certificates follow the decoders.) A relaxed
+criterion. (The rule computed in exact arithmetic can differ from this float64 one by one
+rounding of ``p(1) - D`` or ``A p(1)``, and a decoder that computes the threshold in another
+precision, TensorRT-LLM's float32 for one, can round a tie the other way; the certificates follow
+:meth:`Criterion.decoder_accepts`, float64 on the normalised probabilities.) A relaxed
 rule with no rank condition (``additive:0``, ``multiplicative:1``) accepts every maximiser, as
 the decoders do; strict greedy is ``greedy``. Off ties at the rank boundaries (``p(m) >
 p(m+1)``) the two conventions accept the same tokens, so every certificate is unchanged; at a
