@@ -33,29 +33,44 @@ promises too much at an exact tie::
     yet argmax p = 0 and argmax q = 1: every real decoder rejects the draft.
 
 The default of every certificate is therefore the *worst case over tie-breaks*
-(``ties="worst"``): a token counts as accepted only if every fixed tie-break accepts it, i.e.
+(``ties="worst"``): a token counts as accepted only if every fixed tie-break accepts it. Only
+the rank conditions depend on a tie-break (which of several tokens tied across the m-th place
+``argmax``/``topk`` keeps); a threshold test ``p_y >= tau`` does not. So a token exactly *at* an
+additive, multiplicative or top-k-delta threshold is accepted, as the decoders accept it
+(``p_y >= tau``, :meth:`Criterion.decoder_accepts`; TensorRT-LLM's MTP relaxed acceptance
+kernel, ``mtpRelaxedAcceptanceKernel``, walks the target's top-k and stops at the first
+candidate with ``p(1) - delta > p_j``, so it too accepts a candidate exactly at the threshold;
+Medusa's typical acceptance is strict, ``>``, and is written so here), and only ties across a
+rank boundary count against the token. The worst case accepts ``y`` iff
 ``p_y > tau_worst(p)`` (strict), with
 
 ====================  ==============================================================
 spec                  ``tau_worst(p)``
 ====================  ==============================================================
 ``greedy``            ``p(2)``: only a unique maximiser is accepted
-``additive:D``        ``min(p(1) - D, p(2))``
-``multiplicative:A``  ``min(A p(1), p(2))``
+``additive:D``        ``below(p(1) - D)``: the same tokens as ``p_y >= p(1) - D``
+``multiplicative:A``  ``below(A p(1))``: the same tokens as ``p_y >= A p(1)``
 ``topm:M``            ``p(M+1)``: a token tied at the M-th place may fall outside
-``topk-delta:K,D``    ``max(p(K+1), min(p(1) - D, p(2)))``: both parts worst case
+``topk-delta:K,D``    ``max(p(K+1), below(p(1) - D))``: the rank part worst case,
+                      the threshold part as the decoders compare
 ``typical:E,D``       ``tau(p)`` (already strict)
 ``mars:T``            ``p(3)`` where relaxed (top-2's), else ``p(2)`` (strict greedy's)
 ====================  ==============================================================
 
-A token exactly at a threshold counts as rejected; the ``min(., p(2))`` keeps a unique
-maximiser accepted when ``D = 0`` or ``A = 1`` (there the rule is strict greedy). Off ties
-(no token exactly at ``tau``, ``p(m) > p(m+1)`` at the rank conditions) the two conventions
-accept the same tokens, so every certificate is unchanged; at a tie the worst-case certificate
-is the limit of the untied one from the unfavourable side (strict greedy: 0 on a tied top).
-Both rejection regions are lower level sets, so the certificate machinery is the same.
-:meth:`Criterion.decoder_accepts` is the decoders' own verdict (first index wins), which a
-step certified under ``ties="worst"`` always passes.
+``below(t)`` is the largest float64 below ``t`` (``torch.nextafter(t, -inf)``), so that for
+every float64 ``x``, ``x > below(t)`` iff ``x >= t``: the comparison stays the decoders' own
+``>=`` on the float64 normalised probabilities, exactly, with one strict comparison for every
+criterion. (The rule computed in exact arithmetic can differ from this float64 one by one
+rounding of ``p(1) - D`` or ``A p(1)``, and a decoder that computes the threshold in another
+precision, TensorRT-LLM's float32 for one, can round a tie the other way; the certificates follow
+:meth:`Criterion.decoder_accepts`, float64 on the normalised probabilities.) A relaxed
+rule with no rank condition (``additive:0``, ``multiplicative:1``) accepts every maximiser, as
+the decoders do; strict greedy is ``greedy``. Off ties at the rank boundaries (``p(m) >
+p(m+1)``) the two conventions accept the same tokens, so every certificate is unchanged; at a
+rank tie the worst-case certificate is the limit of the untied one from the unfavourable side
+(strict greedy: 0 on a tied top). Both rejection regions are lower level sets, so the
+certificate machinery is the same. :meth:`Criterion.decoder_accepts` is the decoders' own
+verdict (first index wins), which a step certified under ``ties="worst"`` always passes.
 
 The spec string is the
 one form used everywhere (CLI, papermill parameters, file names, trace columns):
@@ -93,6 +108,13 @@ def check_ties(ties: str) -> str:
             f"'level-set' (every token tied at the threshold accepted; for analysis), got {ties!r}"
         )
     return ties
+
+
+def below(t: Tensor) -> Tensor:
+    """The largest float64 below ``t``, elementwise: for every float64 ``x``, ``x > below(t)`` iff
+    ``x >= t``. A worst-case threshold (compared with ``>``) that accepts exactly the tokens a
+    decoder's ``p_y >= t`` accepts."""
+    return torch.nextafter(t, torch.full_like(t, -torch.inf))
 
 
 def order_statistic(s: TopSummary, i: int) -> Tensor:
@@ -263,10 +285,7 @@ class AdditiveRelaxed(Criterion):
         return s.values[:, 0] - self.delta
 
     def _worst_threshold(self, s: TopSummary) -> Tensor:
-        return torch.minimum(s.values[:, 0] - self.delta, order_statistic(s, 2))
-
-    def top_needed(self, ties: str = "level-set") -> int:
-        return 2 if check_ties(ties) == "worst" else 1
+        return below(s.values[:, 0] - self.delta)  # no rank condition: only the decoders' p_y >= tau
 
     def __str__(self) -> str:
         return f"additive:{_num(self.delta)}"
@@ -288,10 +307,7 @@ class MultiplicativeRelaxed(Criterion):
         return self.alpha * s.values[:, 0]
 
     def _worst_threshold(self, s: TopSummary) -> Tensor:
-        return torch.minimum(self.alpha * s.values[:, 0], order_statistic(s, 2))
-
-    def top_needed(self, ties: str = "level-set") -> int:
-        return 2 if check_ties(ties) == "worst" else 1
+        return below(self.alpha * s.values[:, 0])  # no rank condition: only the decoders' p_y >= tau
 
     def __str__(self) -> str:
         return f"multiplicative:{_num(self.alpha)}"
@@ -346,7 +362,7 @@ class TopKDelta(Criterion):
         object.__setattr__(self, "delta", finite_positive("topk-delta delta", self.delta, allow_zero=True))
 
     def top_needed(self, ties: str = "level-set") -> int:
-        return max(self.k + 1, 2) if check_ties(ties) == "worst" else self.k
+        return self.k + 1 if check_ties(ties) == "worst" else self.k
 
     def index_rank_limit(self) -> int | None:
         return self.k
@@ -359,8 +375,9 @@ class TopKDelta(Criterion):
         return torch.maximum(s.values[:, self.k - 1], s.values[:, 0] - self.delta)
 
     def _worst_threshold(self, s: TopSummary) -> Tensor:
-        near_top = torch.minimum(s.values[:, 0] - self.delta, order_statistic(s, 2))
-        return torch.maximum(order_statistic(s, self.k + 1), near_top)
+        # The rank part worst case (a token tied at the k-th place may fall outside topk), the
+        # threshold part as the decoders compare it (p_y >= p(1) - delta, no tie-break involved).
+        return torch.maximum(order_statistic(s, self.k + 1), below(s.values[:, 0] - self.delta))
 
     def __str__(self) -> str:
         return f"topk-delta:{self.k},{_num(self.delta)}"

@@ -80,9 +80,11 @@ from companion.criteria import (
     Typical,
     parse_criterion,
 )
+from companion.drafter_rows import Rows as _Rows
+from companion.drafter_rows import rows as _rows
 from companion.drafter_typical import typical_cost, typical_witness
 from companion.pooling import pooled_cost, reverse_tilt
-from companion.summary import DEFAULT_TOP, map_rows, normalized_probabilities, summarize
+from companion.summary import normalized_probabilities
 from companion.validation import check_distribution_tensor, check_tree_width
 
 __all__ = [
@@ -92,75 +94,6 @@ __all__ = [
     "drafter_tree_witness",
     "drafter_witness",
 ]
-
-# Tails below this are summed directly (1 - sum(top K) would carry an absolute error ~1e-15).
-_TAIL_DIRECT = 1e-3
-
-
-# ---------------------------------------------------------------------------------------------
-# Rows: the sorted top of q and the mass beyond it.
-
-
-@dataclass(frozen=True)
-class _Rows:
-    """Normalised float64 top-``K`` of each row of ``q`` (``[N, K]``, decreasing), the token ids,
-    and ``beyond``: the mass of the ``V - K`` other tokens, summed on its own scale."""
-
-    values: Tensor
-    logs: Tensor  # log(values); from the logits themselves when given (finite where values underflow)
-    indices: Tensor
-    beyond: Tensor
-    vocab: int
-    lead_shape: torch.Size
-    norm: Tensor
-    flat: Tensor
-    from_logits: bool
-
-    def rest(self, start: int) -> Tensor:
-        """``sum_{i > start} q(i)`` (1-based ``i``): the mass below the top ``start`` tokens."""
-        return self.beyond + self.values[:, start:].sum(1)
-
-
-def _beyond_mass(rows: Tensor, kth: Tensor, n_top: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
-    """Mass of the tokens outside the top ``K``: those strictly below the ``K``-th value plus
-    the ties with it that ``topk`` left out. Accumulated in float64 from the row's own dtype."""
-    work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
-    k = kth.to(work.dtype).unsqueeze(1)
-    below = work < k
-    ties = (work == k).sum(1) - n_top
-    if from_logits:
-        # Shift by the K-th logit itself (exactly representable), not by the float64 normaliser
-        # rounded to the row's dtype, which would bias every term alike.
-        terms = torch.exp(work - k)
-        kth_mass = torch.exp(kth.to(torch.float64) - norm)
-        return (torch.where(below, terms, torch.zeros_like(terms)).sum(1, dtype=torch.float64) + ties) * kth_mass
-    s = torch.where(below, work, torch.zeros_like(work)).sum(1, dtype=torch.float64)
-    return (s + ties * kth.to(torch.float64)) / norm
-
-
-def _rows(q: Tensor, from_logits: bool, k: int) -> _Rows:
-    """Validate and summarise ``q``: its top ``max(k, 64)`` and the mass beyond them."""
-    k = max(k, DEFAULT_TOP)
-    s = summarize(q, from_logits=from_logits, k=k)  # validates q
-    flat = q.reshape(-1, s.vocab)
-    if s.k >= s.vocab:
-        beyond = torch.zeros_like(s.norm)
-    else:
-        # 1 - sum(top K) carries an absolute error ~1e-15: relative 1e-12 for a tail above
-        # 1e-3. Smaller tails (peaked rows, where Z ~ R matters) are summed on their own.
-        beyond = (1 - s.values.sum(1)).clamp(min=0.0)
-        small = beyond < _TAIL_DIRECT
-        if bool(small.any()):
-            idx = torch.nonzero(small).squeeze(1)
-            raw_top = flat.index_select(0, idx).gather(1, s.indices.index_select(0, idx))
-            kth = raw_top[:, -1]
-            n_top = (raw_top == kth.unsqueeze(1)).sum(1)
-            full_kth = torch.zeros_like(s.norm, dtype=kth.dtype).index_copy(0, idx, kth)
-            full_n = torch.zeros_like(s.norm, dtype=n_top.dtype).index_copy(0, idx, n_top)
-            exact = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits),
-                             flat, full_kth, full_n, s.norm, idx=idx)
-            beyond = beyond.index_copy(0, idx, exact)
-    return _Rows(s.values, s.log_values(), s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,10 +315,12 @@ def drafter_soundness(
     ``p`` (target) and ``q`` (drafter): probabilities ``[N, V]`` (float64 recommended). A row
     counts as accepted when every decoder accepts the draft, whichever way it breaks ties: the
     criterion accepts *every* maximiser of ``q`` under the worst case over the target's ties
-    (``rejection_mask(p, ties="worst")``: at an exact tie with the draft, or exactly at a
-    threshold, it counts as rejected). The drafter-side certificates count exactly those
-    targets as rejecting (their rejection conditions are closed: ``p_z >= p_d``, ``p_d <= A p_z``,
-    ...). For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the drafter's tree is then
+    (``rejection_mask(p, ties="worst")``: at an exact tie with the draft across a rank
+    boundary it counts as rejected; exactly at an additive, multiplicative or top-k-delta
+    threshold it is accepted, as the decoders' ``p_y >= tau`` accepts it). The drafter-side
+    certificates are infima over the closures of the rejection conditions (``p_z >= p_d``,
+    ``p_d <= A p_z``, ...), which contain every target rejected under either reading, so the
+    check is sound for both. For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the drafter's tree is then
     unique), and the tree succeeds iff *every* maximiser of ``p`` lies in it (the decoder's
     token may be any of them).
     """

@@ -13,10 +13,12 @@ ties by token id (transformers, vLLM and TensorRT-LLM take the target's token wi
 first index wins; a width-``m`` tree succeeds iff that token is in the drafter's ``topk(m)``).
 A certificate must hold for every such decoder, so a token counts as accepted only if every
 fixed tie-break accepts it: ``p_y > tau_worst(p)`` (:mod:`companion.criteria`; strict greedy:
-``y`` the unique maximiser; top-m: ``p_y > p(m+1)``; a token exactly at a threshold is
-rejected). The drafter's ties are broken against us (every maximiser of ``q`` must be
-accepted). At an exact tie the certificate is the limit of the untied one from the unfavourable
-side; off ties (no token exactly at a threshold or tied across a rank boundary) nothing changes.
+``y`` the unique maximiser; top-m: ``p_y > p(m+1)``). Only rank conditions depend on a
+tie-break: a token exactly at an additive, multiplicative or top-k-delta threshold is accepted,
+as every decoder's ``p_y >= tau`` accepts it, so the certificates are exact there too. The
+drafter's ties are broken against us (every maximiser of ``q`` must be accepted). At an exact
+rank tie the certificate is the limit of the untied one from the unfavourable side; off such
+ties nothing changes.
 The rule as written, which accepts every maximiser of ``p`` (``ties="level-set"``), overstates
 what decoders do and stays available for analysis only::
 

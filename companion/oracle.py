@@ -11,11 +11,14 @@ Ties. ``ties="level-set"`` is the rule as written (:func:`rejected_tokens`' defa
 criteria's own ``rejection_mask``); ``ties="worst"`` (the default of
 :func:`brute_force_certificate`, as of the engine's certificates) is the worst case over
 tie-breaks, found without the engine's ``tau_worst`` formulas: a token is worst-case rejected
-when the rule as written rejects it under the perturbation of ``p`` most unfavourable to it
-(:func:`perturbed_against`: ``p_y`` lowered and every other probability raised by a relative
-``1e-9``, far below every gap that is not an exact tie, which breaks every tie against ``y`` and
-moves ``y`` below a threshold it sits exactly on, and nothing else). Worst-case trees take every
-maximiser of ``p`` as the decoder's token and every other token as a competitor.
+when the rule as written rejects it, or when its rank condition (strict greedy: the top place;
+``topm:M`` and ``topk-delta:K,D``: the top ``M`` or ``K``) fails under the perturbation of ``p``
+most unfavourable to it (:func:`perturbed_against`: ``p_y`` lowered and every other probability
+raised by a relative ``1e-9``, far below every gap that is not an exact tie, which breaks every
+tie against ``y`` and nothing else). A token exactly at a threshold (``p_y = p(1) - D``,
+``p_y = A p(1)``) is accepted, as the decoders' ``p_y >= tau`` accepts it: no tie-break is
+involved there. Worst-case trees take every maximiser of ``p`` as the decoder's token and every
+other token as a competitor.
 """
 from __future__ import annotations
 
@@ -111,15 +114,33 @@ def rejected_tokens(p: np.ndarray, criterion: Criterion | str, ties: str = "leve
     """Indices of the rejection region, computed in NumPy from the criterion's definition.
 
     ``ties="level-set"`` (default): ``{y : p_y < tau(p)}`` (``<=`` for typical acceptance), ``tau``
-    recomputed here. ``"worst"``: ``{y : y in R(perturbed_against(p, y, rel))}``, the tokens some
-    arbitrarily small perturbation (hence some tie-break) rejects (module docstring).
+    recomputed here. ``"worst"``: those, and the tokens whose rank condition fails under
+    ``perturbed_against(p, y, rel)`` (more than ``m - 1`` tokens strictly above ``y`` there, for
+    the criterion's rank limit ``m``): the tokens some tie-break rejects (module docstring).
     """
+    level = _level_set_rejected(p, criterion)
     if check_ties(ties) == "worst":
         p = np.asarray(p, dtype=np.float64)
-        return np.array([y for y in range(len(p)) if y in set(_level_set_rejected(perturbed_against(p, y, rel),
-                                                                                 criterion).tolist())],
-                        dtype=np.int64)
-    return _level_set_rejected(p, criterion)
+        m = _rank_limit(parse_criterion(criterion))
+        out = set(level.tolist())
+        if m is not None:
+            for y in range(len(p)):
+                moved = perturbed_against(p, y, rel)
+                if int((moved > moved[y]).sum()) >= m:
+                    out.add(y)
+        return np.array(sorted(out), dtype=np.int64)
+    return level
+
+
+def _rank_limit(c: Criterion) -> int | None:
+    """The rank condition's ``m`` (``y`` among the top ``m``), from the criterion's parameters."""
+    if isinstance(c, StrictGreedy):
+        return 1
+    if isinstance(c, TopM):
+        return c.m
+    if isinstance(c, TopKDelta):
+        return c.k
+    return None
 
 
 def _level_set_rejected(p: np.ndarray, criterion: Criterion | str) -> np.ndarray:

@@ -22,8 +22,11 @@ Precision (the same on both sides, which is the point of one kernel): deviations
 differences of nearby floats, never as ratios of rounded levels, so a near tie of relative gap
 ``delta`` costs no digits; ``h`` and ``g(1 + u) = (1 + u) log(1 + u) - u`` come from their series
 near 0; peaked rows (``e >= 1/2``) are evaluated in log space as ``-log(T_A + G_w)`` with
-``T_A`` summed from the values left out plus a separately summed tail. Costs are rounded down by
-a relative ``ROUND_DOWN`` so that they never exceed the exact cost of their float64 inputs.
+``T_A`` summed from the values left out plus a separately summed tail. Every branch is rounded
+down by a relative ``ROUND_DOWN`` (8e-15), some thirty times the evaluation error measured before
+rounding (at most 2.8e-16 relative above the exact value, on 2,961 reverse certificates of dyadic
+rows against 60-digit enumeration), so that costs stay at or below the exact cost of their
+float64 inputs: an error analysis and a measurement, not a proof.
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ import torch
 from torch import Tensor
 
 _SERIES_CUTOFF = 1e-2
-# Forward pooled costs are multiplied by 1 - ROUND_DOWN: their float64 evaluation is good to about
-# 1e-15 relative, so the result never exceeds the exact cost of the float64 inputs.
+# Pooled costs are multiplied by 1 - ROUND_DOWN: their float64 evaluation is good to about 1e-15
+# relative (measured: at most 2.8e-16 above exact), so the result stays below the exact cost.
 ROUND_DOWN = 8e-15
 _DEVIATION_SERIES_CUTOFF = 0.1
 # Above this reverse excess e = P_A - |A| G_A, 1 - e is evaluated as T_A + |A| G_A (log space).
@@ -107,12 +110,13 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
       without cancellation, ``p_i - L = (p_i - a) - mean_A (p_j - a)`` from the first pooled value
       ``a`` (differences of nearby floats are exact), so a near tie of relative gap ``delta``
       costs no digits (where ``p_i / L`` would lose ``1e-16 / delta`` of them); the result is
-      rounded down by a relative ``ROUND_DOWN`` so that it never exceeds the exact value;
+      rounded down by a relative ``ROUND_DOWN`` so that it stays below the exact value (module
+      docstring: measured, not proved);
     * reverse: ``x_i = p_i / w_i``, ``log G_w = sum_A w_i log x_i``,
       ``e = P_A - G_w = G_w sum_A w_i h(log x_i - log G_w)``, ``C = -log1p(-e)`` for ``e < 1/2``
       (the deviations ``log x_i - log G_w`` taken as ``log1p`` of differences of nearby floats
       near ties; rounded down by ``ROUND_DOWN``), else ``C = -log(T_A + G_w)`` evaluated as
-      ``-logaddexp(log T_A, log G_w)``; equal weights: ``G_w = |A| G_A``. A pooled zero makes
+      ``-logaddexp(log T_A, log G_w)`` (rounded down by ``ROUND_DOWN`` as well); equal weights: ``G_w = |A| G_A``. A pooled zero makes
       ``G_w = 0`` and ``C = -log T_A`` (``+inf`` when ``T_A = 0`` too).
     """
     zero = torch.zeros_like(vals)
@@ -148,7 +152,9 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     small = -torch.log1p(-excess.clamp(max=1.0)) * (1 - ROUND_DOWN)
     if outside is None:
         raise ValueError("the reverse pooled cost needs the mass outside the pool (outside=None given)")
-    large = -torch.logaddexp(torch.log(outside), log_gw)
+    # Rounded down too: this branch is good to a few 1e-16 relative (measured on dyadic rows: up
+    # to 2.8e-16 above the exact value before rounding), far inside ROUND_DOWN.
+    large = -torch.logaddexp(torch.log(outside), log_gw) * (1 - ROUND_DOWN)
     return torch.where(finite & (excess < _LARGE_EXCESS), small, large)
 
 

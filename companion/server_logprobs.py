@@ -11,7 +11,9 @@ take over all such completions (or a number below that), flagging which.
 
 **Ties.** As in :func:`companion.kl_certificates.certificates`, the default is the worst case
 over tie-breaks (``ties="worst"``): a criterion rejects ``y`` iff ``p_y <= tau_worst(p)``
-(:mod:`companion.criteria`; strict greedy: ``tau_worst = p(2)``, top-m: ``p(M+1)``). The rule as
+(:mod:`companion.criteria`; strict greedy: ``tau_worst = p(2)``, top-m: ``p(M+1)``; a token
+exactly at an additive, multiplicative or top-k-delta threshold is accepted, as the decoders'
+``p_y >= tau`` accepts it). The rule as
 written (``ties="level-set"``, for analysis) rejects ``y`` iff ``p_y < tau(p)`` (``<=`` for
 typical acceptance). Below, "rejected" and ``tau`` are those of the convention chosen; every
 threshold of both conventions has the monotonicity used here, and both rejection regions are
@@ -36,8 +38,8 @@ changes nothing: the value is exact. So is the worst-case tree certificate of wi
 
 1. *The threshold.* ``tau`` of ``topm:M`` with ``M > k`` reads ``p(M)`` (``tau_worst``: ``p(M+1)``
    when ``M + 1 > k``), of ``topk-delta:K,D`` with ``K > k`` reads ``p(K)`` (``p(K+1)``), the
-   worst-case greedy, additive and multiplicative thresholds read ``p(2)`` (unseen when
-   ``k = 1``), and typical acceptance reads the entropy ``H``. Every
+   worst-case greedy threshold reads ``p(2)`` (unseen when ``k = 1``), and typical acceptance
+   reads the entropy ``H``. Every
    threshold here is non-decreasing in each order statistic ``p(j)`` and non-increasing in
    ``H``, so ``tau`` lies in ``[tau_lo, tau_hi]``: ``tau_hi`` with each unseen ``p(j)``
    (``j > k``) at its largest, ``min(v_k, T / (j - k))`` (the ``j - k`` largest tail tokens

