@@ -65,13 +65,13 @@ def test_two_identical_outcomes_are_said_once() -> None:
 
 
 @pytest.mark.parametrize("top1, margin, expect", [
-    (SAME, SAME, "added nothing measurable"),
+    (SAME, SAME, "added nothing measurable over q(1) or the plain margin"),
     (OPEN, SAME, "added nothing measurable"),
     (OPEN, OPEN, "added nothing measurable"),
-    (CHEAP, CHEAP, "the score paid"),
+    (CHEAP, CHEAP, "as a score, paid"),
     (DEAR, OPEN, "cost more than it bought"),
-    (CHEAP, DEAR, "mixed"),
-    (CHEAP, OPEN, "mixed"),
+    (CHEAP, DEAR, "had mixed effects"),
+    (CHEAP, OPEN, "had mixed effects"),
 ])
 def test_score_added_has_a_branch_per_outcome(top1: R, margin: R, expect: str) -> None:
     text = prose.score_added(top1, margin)

@@ -78,16 +78,16 @@ def score_added(vs_top1: Ratio, vs_margin: Ratio) -> str:
     """What driving the calibrated rule by the certificate, rather than by ``q(1)`` or the plain
     margin, bought on the measured pair: a sentence that starts "On the pair measured here"."""
     kinds = {outcome(vs_top1), outcome(vs_margin)}
-    detail = comparisons_phrase([(vs_top1, "the rule driven by $q(1)$ alone"),
+    detail = comparisons_phrase([(vs_top1, "the rule driven by q(1) alone"),
                                  (vs_margin, "the rule driven by the plain margin")])
     if kinds <= {SAME, UNRESOLVED}:
-        return ("On the pair measured here the score added nothing measurable: the certificate-driven rule is "
-                + detail + ".")
+        return ("On the pair measured here the certificate's form, as a score, added nothing measurable over "
+                "q(1) or the plain margin: the certificate-driven rule is " + detail + ".")
     if kinds == {CHEAPER}:
-        return "On the pair measured here the score paid: the certificate-driven rule is " + detail + "."
+        return "On the pair measured here the certificate's form, as a score, paid: the certificate-driven rule is " + detail + "."
     if CHEAPER not in kinds:
-        return "On the pair measured here the score cost more than it bought: the certificate-driven rule is " + detail + "."
-    return "On the pair measured here the score's effect was mixed: the certificate-driven rule is " + detail + "."
+        return "On the pair measured here the certificate's form, as a score, cost more than it bought: the certificate-driven rule is " + detail + "."
+    return "On the pair measured here the certificate's form, as a score, had mixed effects: the certificate-driven rule is " + detail + "."
 
 
 def versus_best_summary(vs_best: Ratio) -> str:

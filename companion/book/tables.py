@@ -9,8 +9,7 @@ name Sphinx gives a table no number, so the name is required.
 from __future__ import annotations
 
 import re
-
-from IPython.display import Markdown
+from typing import Any
 
 NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 
@@ -30,6 +29,9 @@ def table_directive(markdown: str, caption: str, name: str) -> str:
     return f"::::{{table}} {caption}\n:name: {name}\n:align: left\n\n{body}\n::::\n"
 
 
-def captioned_table(markdown: str, caption: str, name: str) -> Markdown:
-    """:func:`table_directive` as a displayable Markdown object: ``display(captioned_table(...))``."""
+def captioned_table(markdown: str, caption: str, name: str) -> Any:
+    """:func:`table_directive` as a displayable ``IPython.display.Markdown`` object:
+    ``display(captioned_table(...))``."""
+    from IPython.display import Markdown   # only a notebook needs it
+
     return Markdown(table_directive(markdown, caption, name))

@@ -30,7 +30,16 @@
       a.appendChild(img);
     });
   }
+  // Long module names in the right-hand contents (the API page) may break after a dot, so that
+  // they wrap at a name boundary instead of being cut.
+  function breakModuleNames() {
+    document.querySelectorAll('.bd-sidebar-secondary code span.pre, .bd-sidebar-secondary code').forEach(el => {
+      if (el.children.length) return;
+      el.textContent = el.textContent.replace(/\./g, '.\u200b');
+    });
+  }
   document.addEventListener('DOMContentLoaded', linkFigures);
+  document.addEventListener('DOMContentLoaded', breakModuleNames);
   window.addEventListener('load', () => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       MathJax.startup.promise.then(fit);
