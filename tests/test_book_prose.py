@@ -113,3 +113,15 @@ def test_table_directive_numbers_and_captions() -> None:
         table_directive(md, "  ", "tbl-x")
     with pytest.raises(ValueError, match="pipe table"):
         table_directive("not a table", "c", "tbl-x")
+
+
+@pytest.mark.parametrize("relaxed, expect", [
+    ({"multiplicative relaxation": 0.4, "top-4": 0.5}, "explain more: 40.0% of multiplicative relaxation's, 50.0% of top-4's"),
+    ({"multiplicative relaxation": 0.05, "top-4": 0.1}, "explain no more than strict greedy"),
+    ({"multiplicative relaxation": 0.4, "top-4": 0.05}, "some relaxed criteria explain more"),
+])
+def test_low_margin_tightness_follows_the_numbers(relaxed: dict, expect: str) -> None:
+    text = prose.low_margin_tightness(0.1, relaxed, overall_greedy=0.6)
+    assert expect in text and "against 10.0% of strict greedy's" in text, text
+    assert text.startswith("They explain only part")
+    assert prose.low_margin_tightness(0.1, relaxed, overall_greedy=1.0).startswith("Here they explain every one")

@@ -130,3 +130,22 @@ def at_ceiling(run: float, ceiling: float, digits: int = 2) -> bool:
     """Whether a mean certified run equals the every-step-certified ceiling to the ``digits``
     decimals the page prints (so that the page must say the run is the ceiling)."""
     return round(run, digits) == round(ceiling, digits)
+
+
+def low_margin_tightness(greedy: float, relaxed: dict[str, float], overall_greedy: float) -> str:
+    """Chapter 8's summary of tightness (certified / accepted) in the lowest-margin bin: whether
+    the relaxed criteria and trees explain more of the drafter's acceptances there than strict
+    greedy does, from the numbers themselves. ``relaxed``: label -> tightness in that bin;
+    ``overall_greedy``: strict greedy's tightness over every step."""
+    part = ("They explain only part of a good drafter's acceptances" if overall_greedy < 1 else
+            "Here they explain every one of the drafter's acceptances under strict greedy")
+    shares = ", ".join(f"{v:.1%} of {k}'s" for k, v in relaxed.items())
+    above = [k for k, v in relaxed.items() if v > greedy]
+    if len(above) == len(relaxed):
+        return (f"{part}. In the lowest-margin bin, where strict greedy's certificate vanishes with the margin, "
+                f"the relaxed criteria's certificates explain more: {shares}, against {greedy:.1%} of strict greedy's")
+    if not above:
+        return (f"{part}. In the lowest-margin bin the relaxed criteria's certificates explain no more than strict "
+                f"greedy's on this pair: {shares}, against {greedy:.1%} of strict greedy's")
+    return (f"{part}. In the lowest-margin bin some relaxed criteria explain more than strict greedy and some do not: "
+            f"{shares}, against {greedy:.1%} of strict greedy's")
