@@ -125,3 +125,10 @@ def test_low_margin_tightness_follows_the_numbers(relaxed: dict, expect: str) ->
     assert expect in text and "against 10.0% of strict greedy's" in text, text
     assert text.startswith("They explain only part")
     assert prose.low_margin_tightness(0.1, relaxed, overall_greedy=1.0).startswith("Here they explain every one")
+
+
+def test_margin_trend_follows_the_numbers() -> None:
+    assert "more of the acceptances at large margins" in prose.margin_trend(0.6, 0.9, "Strict greedy")
+    assert "fewer of the acceptances at large margins" in prose.margin_trend(0.9, 0.6, "Strict greedy")
+    assert "the same share" in prose.margin_trend(0.9, 0.9, "Strict greedy")
+    assert "(90.0% against 60.0%)" in prose.margin_trend(0.6, 0.9, "Strict greedy")

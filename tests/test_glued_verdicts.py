@@ -69,3 +69,4 @@ def test_chapter_8_low_margin_summary_follows_its_numbers(built_book: Path) -> N
         v["ch8_tight_greedy_lo"], {"multiplicative relaxation": v["ch8_tight_mult_lo"], "top-4": v["ch8_tight_topm_lo"]},
         overall_greedy=v["ch8_greedy_tight"])
     assert v["ch8_lowmargin_verdict"] == expected
+    assert v["ch8_margin_trend"] == prose.margin_trend(v["ch8_tight_greedy_lo"], v["ch8_tight_greedy_hi"], "strict greedy")

@@ -149,3 +149,14 @@ def low_margin_tightness(greedy: float, relaxed: dict[str, float], overall_greed
                 f"greedy's on this pair: {shares}, against {greedy:.1%} of strict greedy's")
     return (f"{part}. In the lowest-margin bin some relaxed criteria explain more than strict greedy and some do not: "
             f"{shares}, against {greedy:.1%} of strict greedy's")
+
+
+def margin_trend(lo: float, hi: float, label: str) -> str:
+    """Whether ``label``'s tightness is higher in the highest-margin bin than in the lowest, as
+    the numbers say (equal to the printed digit: no change)."""
+    if round(hi, 3) > round(lo, 3):
+        return f"{label}'s certificate explains more of the acceptances at large margins than at small ones ({hi:.1%} against {lo:.1%})"
+    if round(hi, 3) < round(lo, 3):
+        return (f"{label}'s certificate explains fewer of the acceptances at large margins than at small ones on this pair "
+                f"({hi:.1%} against {lo:.1%})")
+    return f"{label}'s certificate explains the same share of the acceptances at large and small margins ({hi:.1%})"
