@@ -85,7 +85,7 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
             "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n      - file: book/claims\n"
             f"  - caption: Chapters\n    chapters:\n{entries}\n"
             "  - caption: Reference\n    chapters:\n      - file: book/glossary\n"
-            "      - file: book/reproduction_status\n      - file: book/api\n",
+            "      - file: book/reproduction_status\n      - file: book/references\n      - file: book/api\n",
             encoding="utf-8",
         )
         return root

@@ -2,7 +2,10 @@
 
 Each page is served from 127.0.0.1 and checked for: equations typeset by MathJax (output
 elements present, no raw TeX left in the text), every image loaded, no failed request and no
-request to any other host. A full-page screenshot of each page goes to ``_build/screenshots/``.
+request to any other host, figures and tables numbered and captioned, and no sideways scroll
+at a desktop width (1280 px) or a phone's (390 px): ``document.scrollingElement.scrollWidth``
+stays within the window, tables and long formulas scrolling inside their own boxes. A
+full-page screenshot of each page at each width goes to ``_build/screenshots/``.
 """
 from __future__ import annotations
 
@@ -57,6 +60,35 @@ async () => {
                       + 'px: ' + (e.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 60));
       }
     });
+  // Tables in the article without a numbered caption (the parameters box, the generated
+  // indexes and the tables of docstrings on the API page are not the book's tables).
+  const untitled = Array.from(article.querySelectorAll('table'))
+    .filter(t => !t.closest('.companion-parameters, dl.py') && !t.matches('.genindextable, .indextable, .modindextable'))
+    .filter(t => !t.querySelector('caption .caption-number'))
+    .map(t => (t.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 60));
+  // Sideways scroll of the whole page, and the element that reaches furthest right.
+  const pageWidth = document.scrollingElement.scrollWidth;
+  let widest = '';
+  if (pageWidth > window.innerWidth + 1) {
+    let best = null, bestRight = window.innerWidth + 1;
+    // an element inside a box that scrolls or clips sideways does not widen the page
+    const clipped = e => {
+      for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== 'visible' && a.getBoundingClientRect().right <= window.innerWidth + 1) {
+          return true;
+        }
+      }
+      return false;
+    };
+    document.body.querySelectorAll('*').forEach(e => {
+      const r = e.getBoundingClientRect();
+      if (r.width > 0 && r.right > bestRight && !clipped(e)) { best = e; bestRight = r.right; }
+    });
+    if (best) {
+      widest = best.tagName.toLowerCase() + (best.className && typeof best.className === 'string' ? '.' + best.className.trim().split(/\s+/).join('.') : '')
+               + ' right edge ' + Math.round(bestRight) + 'px: ' + (best.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 80);
+    }
+  }
   // Figures: images in the article outside a numbered, captioned <figure>.
   const uncaptioned = Array.from(article.querySelectorAll('img'))
     .filter(i => { const f = i.closest('figure'); return !(f && f.querySelector('figcaption .caption-number')); })
@@ -64,6 +96,13 @@ async () => {
   return {
     overflow: overflow,
     uncaptioned: uncaptioned,
+    untitled: untitled,
+    page_width: pageWidth,
+    window_width: window.innerWidth,
+    widest: widest,
+    full_size_links: Array.from(article.querySelectorAll('figure img'))
+      .filter(i => { const a = i.closest('a'); return a && a.getAttribute('href'); }).length,
+    figure_images: article.querySelectorAll('figure img').length,
     math: math.length,
     typeset: math.filter(e => e.querySelector('mjx-container')).length,
     containers: document.querySelectorAll('mjx-container').length,
@@ -90,6 +129,12 @@ class PageReport:
     broken: list[str]
     overflow: list[str] = field(default_factory=list)
     uncaptioned: list[str] = field(default_factory=list)
+    untitled: list[str] = field(default_factory=list)
+    page_width: int = 0
+    window_width: int = 0
+    widest: str = ""
+    full_size_links: int = 0
+    figure_images: int = 0
 
 
 @dataclass
@@ -130,8 +175,12 @@ def book_pages(html: Path) -> list[str]:
     )
 
 
-def check_in_browser(html: Path, base_url: str, screenshots: Path) -> BrowserReport:
-    """Open every page of the book at ``base_url`` in headless Chromium and report."""
+WIDTHS = (1280, 390)   # a desktop window and a phone (iPhone 12 to 15 width, in CSS pixels)
+
+
+def check_in_browser(html: Path, base_url: str, screenshots: Path, width: int = 1280) -> BrowserReport:
+    """Open every page of the book at ``base_url`` in headless Chromium, ``width`` CSS pixels
+    wide, and report."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
@@ -141,7 +190,7 @@ def check_in_browser(html: Path, base_url: str, screenshots: Path) -> BrowserRep
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context = browser.new_context(viewport={"width": width, "height": 900 if width > 600 else 844})
             context.on("request", lambda r: report.requests.append(r.url))
             context.on("requestfailed", lambda r: report.failures.append(f"{r.url}: {r.failure}"))
             context.on("response", lambda r: r.status >= 400 and report.failures.append(f"{r.url}: HTTP {r.status}"))
@@ -153,15 +202,17 @@ def check_in_browser(html: Path, base_url: str, screenshots: Path) -> BrowserRep
                 page.wait_for_function("() => Array.from(document.images).every(i => i.complete)")
                 result = page.evaluate(PAGE_PROBE)
                 report.pages[rel] = PageReport(rel, **result)
-                shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + ".png")
-                page.screenshot(path=str(shot), full_page=True)
+                suffix = "" if width == 1280 else f"@{width}"
+                shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + f"{suffix}.png")
+                page.screenshot(path=str(shot), full_page=True, timeout=120_000)   # the API page is long
         finally:
             browser.close()
     return report
 
 
-def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_images_on: list[str]) -> None:
-    """The checks every built book must pass in the browser."""
+def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_images_on: list[str],
+                   width: int = 1280) -> None:
+    """The checks every built book must pass in the browser, at ``width`` CSS pixels."""
     remote = [u for u in report.requests
               if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).hostname not in LOCAL_HOSTS]
     assert not remote, f"requests left localhost: {remote}"
@@ -171,27 +222,46 @@ def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_imag
         assert not page.leftovers, f"{rel}: raw TeX left in the page: {page.leftovers}"
         assert not page.rst, f"{rel}: raw reStructuredText left in the page: {page.rst}"
         assert not page.broken, f"{rel}: images not loaded: {page.broken}"
-        assert not page.overflow, f"{rel}: wider than the text column at 1280 px: {page.overflow}"
+        if width >= 1280:   # at a phone's width tables and formulas scroll inside their boxes
+            assert not page.overflow, f"{rel}: wider than the text column at 1280 px: {page.overflow}"
+        assert page.page_width <= page.window_width + 1, \
+            (f"{rel} scrolls sideways at {width} px: the page is {page.page_width} px wide in a "
+             f"{page.window_width} px window; widest element: {page.widest}")
+        assert page.full_size_links == page.figure_images, \
+            f"{rel}: {page.figure_images - page.full_size_links} figure image(s) do not open at full size"
     for rel in expect_math_on:
         assert report.pages[rel].containers > 0, f"{rel}: no MathJax output"
     for rel in expect_images_on:
         assert report.pages[rel].images > 0, f"{rel}: no image"
 
 
-def test_built_book_in_browser(built_book: Path, serve) -> None:
-    """The repository's book: every page typesets, loads every image, and stays on localhost."""
+# Chapters whose tables are not yet numbered and captioned (their owners apply
+# companion.book.tables.captioned_table; remove a chapter from here when its tables have captions).
+TABLES_PENDING = {"notebooks/01_criteria_level_sets.html", "notebooks/02_exact_certificate.html",
+                  "notebooks/05_tree_decoding.html", "notebooks/07_paper_evaluation.html"}
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_built_book_in_browser(built_book: Path, serve, width: int) -> None:
+    """The repository's book at a desktop and a phone width: every page typesets, loads every
+    image, stays on localhost, never scrolls sideways, and numbers its figures and tables."""
     from companion.book.record import load_record
 
-    report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots")
+    report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots", width)
     assert "book/intro.html" in report.pages and "book/api.html" in report.pages
     record = load_record(built_book.parent / "run-record.json")
     notebook_pages = [f"notebooks/{name}.html" for name in record.chapters
                       if (built_book / "notebooks" / f"{name}.html").is_file()]
     with_figures = [f"notebooks/{name}.html" for name, run in record.chapters.items()
                     if run.figures and f"notebooks/{name}.html" in report.pages]
-    (built_book.parent / "screenshots" / "report.json").write_text(
+    (built_book.parent / "screenshots" / f"report@{width}.json").write_text(
         json.dumps({k: vars(v) for k, v in report.pages.items()}, indent=1), encoding="utf-8")
-    assert_book_ok(report, expect_math_on=["book/intro.html"], expect_images_on=with_figures)
+    assert_book_ok(report, expect_math_on=["book/intro.html"], expect_images_on=with_figures, width=width)
+    # the API page's other tables come from the library's docstrings (module docstrings included)
+    untitled = {rel: p.untitled for rel, p in report.pages.items()
+                if p.untitled and rel not in TABLES_PENDING and rel != "book/api.html"}
+    assert not untitled, f"tables without a number and caption: {untitled}"
+    assert "book/references.html" in report.pages, "the references page is not in the book"
     api = report.pages["book/api.html"]
     assert api.autodoc > 100, f"the API page documents only {api.autodoc} objects: autodoc output not rendered?"
     for rel in notebook_pages:
@@ -227,6 +297,35 @@ def test_overflow_probe_flags_a_wide_table_and_equation(serve, tmp_path: Path) -
     assert any(o.startswith("table") for o in found["wide"]), found
     assert any(o.startswith("div") for o in found["wide"]), found
     assert found["narrow"] == [], found
+
+
+def test_sideways_scroll_probe_names_the_widest_element(serve, tmp_path: Path) -> None:
+    """The phone check itself: at 390 px a page holding an unbreakable 700 px line scrolls
+    sideways and the probe names that element; the same content in a scrolling box does not."""
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    wide = "<article class='bd-article'><p><span class='culprit' style='display:inline-block;width:700px'>x</span></p></article>"
+    boxed = ("<article class='bd-article'><div style='max-width:100%;overflow-x:auto'>"
+             "<span style='display:inline-block;width:700px'>x</span></div></article>")
+    (tmp_path / "wide.html").write_text(f"<html><body style='margin:0'>{wide}</body></html>", encoding="utf-8")
+    (tmp_path / "boxed.html").write_text(f"<html><body style='margin:0'>{boxed}</body></html>", encoding="utf-8")
+    base = serve(tmp_path)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 390, "height": 844}).new_page()
+            found = {}
+            for name in ("wide", "boxed"):
+                page.goto(f"{base}{name}.html", wait_until="load")
+                found[name] = page.evaluate(PAGE_PROBE)
+        finally:
+            browser.close()
+    assert found["wide"]["page_width"] > found["wide"]["window_width"] + 1, found["wide"]
+    assert found["wide"]["widest"].startswith("span.culprit"), found["wide"]["widest"]
+    assert found["boxed"]["page_width"] <= found["boxed"]["window_width"] + 1, found["boxed"]
+    assert found["boxed"]["widest"] == "", found["boxed"]
 
 
 def test_notebook_chapter_in_browser(make_project, serve, tmp_path: Path) -> None:

@@ -88,6 +88,9 @@ def test_run_length_vs_budget(tr):
     (cap,) = by_gid(fig, "runs:cap")
     want = sum(n * (n + 1) / 2 for n in tr.lengths) / tr.n_rows
     assert cap.get_ydata()[0] == pytest.approx(want)
+    # the title's mean trajectory length is the number chapter 7 prints ({glue:text}`ch7_mean_len:.1f`)
+    title = fig.axes[0].get_title()
+    assert f"trajectories of {float(tr.lengths.mean()):.1f} steps on average" in title, title
 
 
 def test_drafter_acceptance(tr):

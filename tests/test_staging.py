@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import nbformat
+import pytest
 
 from companion.book.figure_files import link_figures
 
@@ -195,3 +196,79 @@ def test_results_page_gets_chapter_7_numbers_or_says_it_is_missing(tmp_path) -> 
     assert "   *Measured in this build* (chapter 7; preset `x`)" in text
     assert "5.3e-05 nats under strict greedy and 0.035 under `multiplicative:0.1`" in text
     assert "2.85 tokens" in text and "3.22 with a width-8 tree" in text and "companion-result" not in text
+
+
+def _write_glued(path, values) -> None:
+    """A notebook whose one cell glued ``values`` (str as Markdown, others as plain text)."""
+    cell = nbformat.v4.new_code_cell("glue(...)")
+    cell.outputs = [nbformat.v4.new_output(
+        "display_data", metadata={"scrapbook": {"name": k, "mime_prefix": "application/papermill.record/"}},
+        data={"application/papermill.record/text/markdown" if isinstance(v, str) else
+              "application/papermill.record/text/plain": v if isinstance(v, str) else repr(v)})
+        for k, v in values.items()]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [cell]
+    nbformat.write(nb, path)
+
+
+CH7 = {"ch7_run": "preset `x`", "ch7_greedy_p5": 5.3e-05, "ch7_mult_p5": 0.0346, "ch7_mean_len": 7.5,
+       "ch7_run_greedy_0p1": 2.854, "ch7_run_mult_0p1": 4.4213, "ch7_run_tree8_0p1": 4.4187}
+
+
+@pytest.mark.parametrize("cap, capped", [(4.42, ["`multiplicative:0.1`", "a width-8 tree"]), (5.0, []), (None, None)])
+def test_results_page_says_when_a_run_is_the_answer_length_ceiling(tmp_path, cap, capped) -> None:
+    """4.42 under multiplicative:0.1 and with a width-8 tree is the every-step-certified ceiling
+    set by the answers' length: the page says so exactly when a run equals it to the printed
+    digits, and gives the mean answer length (7.5, the same number the chapter prints)."""
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
+    pages.mkdir()
+    notebooks.mkdir()
+    values = dict(CH7) if cap is None else {**CH7, "ch7_run_cap": cap}
+    _write_glued(notebooks / "07_paper_evaluation.ipynb", values)
+    page = pages / "claims.md"
+    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    text = page.read_text(encoding="utf-8")
+    assert "answers of 7.5 tokens on average" in text, text
+    if cap is None:
+        assert "cannot outlast its answer" in text
+    elif capped:
+        assert f"would be {cap:.2f} tokens" in text
+        assert "Those are the figures for `multiplicative:0.1` and a width-8 tree" in text, text
+        assert "strict greedy:" not in text
+    else:
+        assert "No criterion reaches that ceiling at this budget." in text, text
+
+
+CH10 = {"ch10_sound_steps": 288, "ch10_sound_violations": 0, "ch10_n_eval": 6,
+        "ch10_summary_verdict": "showed no resolved difference in cost per token from the best built-in",
+        "ch10_score_added": "On the pair measured here the score added nothing measurable: x.",
+        "ch10_goal_summary": "the cheapest policy replayed is within 10% of the oracle by its point estimate "
+                             "(1.050), though its 95 % interval reaches above 1.10 (to 1.140), and y"}
+
+
+def test_results_page_states_chapter_10s_outcome(tmp_path) -> None:
+    """Result 13 states the outcome: soundness, the comparison with the best built-in, what the
+    score added (a null result stays a null result) and the GPU-like replay with its caveat."""
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
+    pages.mkdir()
+    notebooks.mkdir()
+    page = pages / "claims.md"
+    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    assert "nothing, since chapter 10_decode_time is not in this build" in page.read_text(encoding="utf-8")
+    _write_glued(notebooks / "10_decode_time.ipynb", CH10)
+    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    text = page.read_text(encoding="utf-8")
+    assert "sound on every one of 288 decoding steps" in text, text
+    assert "policy showed no resolved difference" in text and "added nothing measurable" in text
+    assert "reaches above 1.10" in text
+    _write_glued(notebooks / "10_decode_time.ipynb", {**CH10, "ch10_sound_violations": 2})
+    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
+    fill_measured_results(pages, notebooks)
+    assert "certified and then rejected 2 of 288" in page.read_text(encoding="utf-8")

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from companion.book.tables import table_directive
+
 RECORD_SCHEMA = 1
 
 @dataclass
@@ -245,15 +247,14 @@ def render_status_markdown(
 
     lines.append("## Chapters\n")
     # Two tables, so that neither is wider than the page: when and where, then with what.
-    lines.append("| Chapter | Executed (UTC) | Time | Device | Profile |")
-    lines.append("|---|---|---|---|---|")
+    run_rows = ["| Chapter | Executed (UTC) | Time | Device | Profile |", "|---|---|---|---|---|"]
     setup_rows: list[str] = []
     for name, link, sha in chapters:
         title = f"[{name}]({link})" if link else name
         run = record.chapters.get(name)
         if run is None:
             state = "notebook not written yet" if sha is None else "not executed yet"
-            lines.append(f"| {title} | {state} | | | |")
+            run_rows.append(f"| {title} | {state} | | | |")
             continue
         when = run.started
         if sha is not None and sha != run.source_sha256:
@@ -261,10 +262,11 @@ def render_status_markdown(
         device = run.device or "cpu (no device parameter)"
         if run.device_name:
             device += f" ({run.device_name})"
-        lines.append("| " + " | ".join(_cell(x) for x in (title, when, _duration(run.seconds), device, run.profile or ""))
-                     + " |")
+        run_rows.append("| " + " | ".join(_cell(x) for x in (title, when, _duration(run.seconds), device, run.profile or ""))
+                        + " |")
         setup_rows.append("| " + " | ".join(_cell(x) for x in (title, _models(run) or "(none)", _parameters(run))) + " |")
-    lines.append("")
+    lines.append(table_directive("\n".join(run_rows), "Each chapter's latest run: when, how long, on which device and profile.",
+                                 "tbl-status-runs"))
     cell_rows = []
     for name, link, _ in chapters:
         run = record.chapters.get(name)
@@ -277,16 +279,12 @@ def render_status_markdown(
     if cell_rows:
         lines.append("### Where the time goes\n")
         lines.append("The slowest cells of each chapter's latest run (cells numbered from 0 in the notebook).\n")
-        lines.append("| Chapter | Slowest cells |")
-        lines.append("|---|---|")
-        lines.extend(cell_rows)
-        lines.append("")
+        lines.append(table_directive("\n".join(["| Chapter | Slowest cells |", "|---|---|"] + cell_rows),
+                                     "The slowest cells of each chapter's latest run.", "tbl-status-cells"))
     if setup_rows:
         lines.append("### Models and parameters\n")
-        lines.append("| Chapter | Preset and models | Parameters |")
-        lines.append("|---|---|---|")
-        lines.extend(setup_rows)
-        lines.append("")
+        lines.append(table_directive("\n".join(["| Chapter | Preset and models | Parameters |", "|---|---|---|"] + setup_rows),
+                                     "The models and parameters of each chapter's latest run.", "tbl-status-setup"))
 
     lines.append("## Figures\n")
     figure_rows = []
@@ -303,9 +301,8 @@ def render_status_markdown(
             producer = f"[{name}]({link})" if link else name
             figure_rows.append(f"| `{figure}` | {producer} | {files} |")
     if figure_rows:
-        lines.append("| Figure | Produced by | Files |")
-        lines.append("|---|---|---|")
-        lines.extend(figure_rows)
+        lines.append(table_directive("\n".join(["| Figure | Produced by | Files |", "|---|---|---|"] + figure_rows),
+                                     "Every figure of the book, the chapter that draws it, and its files.", "tbl-status-figures"))
     else:
         lines.append("No figure has been written yet.")
     lines.append("")

@@ -249,7 +249,7 @@ def run_length_vs_budget(traces: A.Traces, eps: Sequence[float] = tuple(A.EPS_GR
     ax.set_xscale("log")
     ax.set_xlabel("per-step KL budget $\\varepsilon$ (nats)")
     ax.set_ylabel("mean certified run length (tokens)")
-    ax.set_title(f"Tokens guaranteed accepted from a random step\n(trajectories of {mean_len:.0f} steps on average)",
+    ax.set_title(f"Tokens guaranteed accepted from a random step\n(trajectories of {mean_len:.1f} steps on average)",
                  fontsize=TITLE_SIZE)
     ax.grid(alpha=0.3, which="both")
     # under the panel, not beside it: beside it would take a third of the width

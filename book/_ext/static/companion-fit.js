@@ -1,6 +1,6 @@
 // Companion book: a display equation or a table a little wider than the text column is set in
 // a smaller font until it fits, down to 75 % (12 px, 9 pt); anything wider keeps scrolling, and
-// tests/test_book_browser.py reports it as overflow.
+// tests/test_book_browser.py reports it as overflow. Figures are linked to their full-size image.
 (function () {
   const MIN_SCALE = 0.75;
   function shrink(el, box) {
@@ -17,6 +17,29 @@
       if (t) shrink(t, c);
     });
   }
+  // Every figure's image opens the full-size file on tap or click (figure text is small on a
+  // phone); an image already inside a link keeps its link.
+  function linkFigures() {
+    document.querySelectorAll('article figure img').forEach(img => {
+      if (img.closest('a')) return;
+      const a = document.createElement('a');
+      a.href = img.getAttribute('src');
+      a.className = 'companion-full-size';
+      a.title = 'Open the figure at full size';
+      img.parentNode.insertBefore(a, img);
+      a.appendChild(img);
+    });
+  }
+  // Long module names in the right-hand contents (the API page) may break after a dot, so that
+  // they wrap at a name boundary instead of being cut.
+  function breakModuleNames() {
+    document.querySelectorAll('.bd-sidebar-secondary code span.pre, .bd-sidebar-secondary code').forEach(el => {
+      if (el.children.length) return;
+      el.textContent = el.textContent.replace(/\./g, '.\u200b');
+    });
+  }
+  document.addEventListener('DOMContentLoaded', linkFigures);
+  document.addEventListener('DOMContentLoaded', breakModuleNames);
   window.addEventListener('load', () => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       MathJax.startup.promise.then(fit);

@@ -1,0 +1,134 @@
+"""The book's computed verdicts (companion.book.prose): one test per outcome branch, each checked
+against the numbers it summarises, and the table directive (companion.book.tables)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from companion.book import prose
+from companion.book.tables import table_directive
+
+
+@dataclass(frozen=True)
+class R:
+    point: float
+    lo: float
+    hi: float
+
+
+SAME, CHEAP, DEAR, OPEN = R(1.0, 1.0, 1.0), R(0.9, 0.85, 0.95), R(1.2, 1.1, 1.3), R(0.98, 0.9, 1.05)
+
+
+def test_outcome_branches_follow_the_interval() -> None:
+    assert prose.outcome(SAME) == prose.SAME
+    assert prose.outcome(CHEAP) == prose.CHEAPER
+    assert prose.outcome(DEAR) == prose.DEARER
+    assert prose.outcome(OPEN) == prose.UNRESOLVED
+    # a ratio of exactly 1 by point estimate but an interval around it is not "the same"
+    assert prose.outcome(R(1.0, 0.99, 1.01)) == prose.UNRESOLVED
+    # interval touching 1 is not resolved
+    assert prose.outcome(R(0.95, 0.9, 1.0)) == prose.UNRESOLVED
+
+
+@given(st.floats(0.2, 3.0), st.floats(0.0, 0.5), st.floats(0.0, 0.5))
+def test_outcome_agrees_with_the_interval_everywhere(point: float, below: float, above: float) -> None:
+    est = R(point, point - below, point + above)
+    kind = prose.outcome(est)
+    if kind == prose.CHEAPER:
+        assert est.hi < 1
+    elif kind == prose.DEARER:
+        assert est.lo > 1
+    elif kind == prose.UNRESOLVED:
+        assert est.lo <= 1 <= est.hi and not (est.lo == est.hi == 1)
+    else:
+        assert est.lo == est.point == est.hi == 1
+
+
+def test_ratio_phrase_states_the_numbers() -> None:
+    assert "about 10% cheaper than X" in prose.ratio_phrase(CHEAP, "X")
+    assert "about 20% dearer than X" in prose.ratio_phrase(DEAR, "X")
+    assert "not resolved from X" in prose.ratio_phrase(OPEN, "X") and "below 1 by 2.0%" in prose.ratio_phrase(OPEN, "X")
+    assert "cost the same on every prompt" in prose.ratio_phrase(SAME, "X")
+
+
+def test_two_identical_outcomes_are_said_once() -> None:
+    """The sentence once read "... so the two cost the same on every prompt, and ... so the two
+    cost the same on every prompt": the same outcome must be stated once for both."""
+    text = prose.comparisons_phrase([(SAME, "A"), (SAME, "B")])
+    assert text.count("cost the same on every prompt") == 1, text
+    assert "A and B" in text
+    mixed = prose.comparisons_phrase([(SAME, "A"), (CHEAP, "B")])
+    assert mixed.count("cost the same") == 1 and "cheaper than B" in mixed, mixed
+
+
+@pytest.mark.parametrize("top1, margin, expect", [
+    (SAME, SAME, "added nothing measurable over q(1) or the plain margin"),
+    (OPEN, SAME, "added nothing measurable"),
+    (OPEN, OPEN, "added nothing measurable"),
+    (CHEAP, CHEAP, "as a score, paid"),
+    (DEAR, OPEN, "cost more than it bought"),
+    (CHEAP, DEAR, "had mixed effects"),
+    (CHEAP, OPEN, "had mixed effects"),
+])
+def test_score_added_has_a_branch_per_outcome(top1: R, margin: R, expect: str) -> None:
+    text = prose.score_added(top1, margin)
+    assert expect in text, text
+    assert text.count("cost the same on every prompt") <= 1, text
+
+
+def test_versus_best_summary_branches() -> None:
+    assert prose.versus_best_summary(CHEAP) == "cost less per token than the best built-in"
+    assert prose.versus_best_summary(DEAR) == "cost more per token than the best built-in"
+    assert "no resolved difference" in prose.versus_best_summary(OPEN)
+    assert "exactly what the best built-in cost" in prose.versus_best_summary(SAME)
+
+
+def test_within_oracle_summary_keeps_the_interval_caveat() -> None:
+    inside = prose.within_oracle_summary(R(1.05, 1.02, 1.08), OPEN)
+    assert "within 10% of the oracle, its whole 95 % interval included" in inside, inside
+    caveat = prose.within_oracle_summary(R(1.05, 1.02, 1.14), OPEN)
+    assert "by its point estimate" in caveat and "reaches above 1.10" in caveat and "1.140" in caveat, caveat
+    outside = prose.within_oracle_summary(R(1.2, 1.15, 1.3), CHEAP)
+    assert "none of the policies replayed is within 10%" in outside and "1.200" in outside, outside
+    assert "cheaper than the best constant schedule" in outside
+    assert "contains 1" in inside and "dearer" in prose.within_oracle_summary(R(1.0, 1.0, 1.0), DEAR)
+
+
+def test_at_ceiling_compares_at_the_printed_digits() -> None:
+    assert prose.at_ceiling(4.4213, 4.4187)      # both print as 4.42
+    assert not prose.at_ceiling(4.40, 4.42)
+
+
+def test_table_directive_numbers_and_captions() -> None:
+    md = "| a | b |\n|---|---|\n| 1 | 2 |"
+    out = table_directive(md, "A caption\n over two lines.", "tbl-x1")
+    assert out.startswith("::::{table} A caption over two lines.\n:name: tbl-x1\n")
+    assert md in out and out.rstrip().endswith("::::")
+    with pytest.raises(ValueError, match="name must be lower case"):
+        table_directive(md, "c", "Tbl X")
+    with pytest.raises(ValueError, match="caption must be a non-empty"):
+        table_directive(md, "  ", "tbl-x")
+    with pytest.raises(ValueError, match="pipe table"):
+        table_directive("not a table", "c", "tbl-x")
+
+
+@pytest.mark.parametrize("relaxed, expect", [
+    ({"multiplicative relaxation": 0.4, "top-4": 0.5}, "explain more: 40.0% of multiplicative relaxation's, 50.0% of top-4's"),
+    ({"multiplicative relaxation": 0.05, "top-4": 0.1}, "explain no more than strict greedy"),
+    ({"multiplicative relaxation": 0.4, "top-4": 0.05}, "some relaxed criteria explain more"),
+])
+def test_low_margin_tightness_follows_the_numbers(relaxed: dict, expect: str) -> None:
+    text = prose.low_margin_tightness(0.1, relaxed, overall_greedy=0.6)
+    assert expect in text and "against 10.0% of strict greedy's" in text, text
+    assert text.startswith("They explain only part")
+    assert prose.low_margin_tightness(0.1, relaxed, overall_greedy=1.0).startswith("Here they explain every one")
+
+
+def test_margin_trend_follows_the_numbers() -> None:
+    assert "more of the acceptances at large margins" in prose.margin_trend(0.6, 0.9, "Strict greedy")
+    assert "fewer of the acceptances at large margins" in prose.margin_trend(0.9, 0.6, "Strict greedy")
+    assert "the same share" in prose.margin_trend(0.9, 0.9, "Strict greedy")
+    assert "(90.0% against 60.0%)" in prose.margin_trend(0.6, 0.9, "Strict greedy")
