@@ -267,8 +267,9 @@ def plan_parameters(
 
     Profile-wide values a notebook does not declare are skipped (chapters share one profile),
     but a profile-wide name that no chapter of the book declares (``book_declared``: the names
-    every existing chapter declares, selected or not) and that is close to a declared one
-    (``difflib``, ratio >= 0.75: ``sed`` for ``seed``) is a typo and is refused; anything named
+    every existing chapter declares, selected or not) and that is close to a declared one the
+    profile does not set itself (``difflib``, ratio >= 0.75: ``sed`` for ``seed``) is a typo and
+    is refused; anything named
     explicitly for a chapter, or on the command line, must be declared.
     With ``defaults`` (:func:`notebook_parameters` of each chapter), every value must fit the
     type of the notebook's default (:func:`value_fits_default`), so a mistyped value is refused
@@ -281,7 +282,9 @@ def plan_parameters(
         for name in sorted(map(str, set(profile.parameters) - book_declared)):
             # A name close to a declared one is a typo (sed for seed); others may be meant for chapters
             # this book does not have (test books share the repository's profiles), and stay skipped.
-            close = difflib.get_close_matches(name, sorted(book_declared), n=1, cutoff=0.75)
+            # A declared name the profile sets as well is not what this one misspells (n_eval_prompts
+            # beside n_prompts, in a book without chapter 10).
+            close = difflib.get_close_matches(name, sorted(book_declared - set(profile.parameters)), n=1, cutoff=0.75)
             if close:
                 raise ReproduceError(
                     f"profile {profile.name!r} sets {name} in 'parameters', which no chapter declares; did you "
