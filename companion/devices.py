@@ -6,8 +6,10 @@ the CPU. torch is imported on use, so the book's tooling can describe a CPU with
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -84,3 +86,16 @@ def describe_device(device: str | None) -> tuple[str | None, str]:
                 f"(torch {torch.__version__}); install a CUDA build of torch or use the cpu profile")
         return device, torch.cuda.get_device_name(0)
     return device, cpu_description()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with exactly ``n`` torch intra-op threads (float reductions depend on the count), then restore."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

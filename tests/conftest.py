@@ -25,6 +25,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (CPU float reductions depend on the count; subprocesses use one)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def write_notebook(path: Path, parameters: str, *cells: str, title: str | None = "") -> Path:
     """A notebook: a Markdown title (default: the file name; None: none, when a cell brings its
     own), a papermill ``parameters`` cell, then code cells (a cell starting with ``# md`` becomes

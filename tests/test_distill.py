@@ -23,12 +23,7 @@ TEXTS = ["def f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n", 
          "class A:\n    pass\n", "x = [1, 2, 3]\ny = sum(x)\n", "while True:\n    break\n"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

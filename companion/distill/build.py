@@ -30,7 +30,8 @@ import torch
 
 from companion.distill.config import DrafterConfig
 from companion.distill.data import harvest_answers, load_examples
-from companion.distill.train import agreement, make_drafter, torch_threads, train
+from companion.devices import torch_threads
+from companion.distill.train import agreement, make_drafter, train
 
 MANIFEST_NAME = "manifest.json"
 #: Share of the training split's requests (the last ones, in the set's order) kept out of training

@@ -11,11 +11,10 @@ only its argmax; greedy acceptance asks for the argmax, and certificates for a s
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from companion.distill.config import DrafterConfig
 from companion.distill.data import Example
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Exactly ``n`` intra-op threads (float reductions depend on the count), restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def make_drafter(cfg: DrafterConfig, target: Any) -> LlamaForCausalLM:

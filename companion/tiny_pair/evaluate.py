@@ -5,9 +5,7 @@ on-policy along greedy continuations of prompts (the setting of the paper's expe
 """
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,16 +15,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run with exactly ``n`` intra-op threads (float reductions depend on it), then restore."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+from companion.devices import torch_threads  # noqa: F401  (the recipe's modules import it from here)
 
 
 PEAKED = 0.9  # p(1) at or above: a peaked step
