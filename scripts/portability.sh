@@ -62,10 +62,8 @@ if [ "$full" -eq 1 ]; then
 else
     # Every (ATen, OpenBLAS) pair once, the thread count alternating so that every (threads, ATen)
     # and (threads, OpenBLAS) pair occurs too: 6 configurations (12 where the CPU has avx512f).
-    i=0
-    for a in "${ATEN[@]}"; do for b in "${BLAS[@]}"; do
-        configs+=("${THREADS[$(( (i + i / ${#BLAS[@]}) % 2 ))]} $a $b")
-        i=$((i + 1))
+    for ai in "${!ATEN[@]}"; do for bi in "${!BLAS[@]}"; do
+        configs+=("${THREADS[$(( (ai + bi) % 2 ))]} ${ATEN[$ai]} ${BLAS[$bi]}")
     done; done
 fi
 
