@@ -264,8 +264,10 @@ def drafter_acceptance(traces: A.Traces, criteria: Sequence[str] | None = None) 
     """Per criterion: share of steps where the drafter's token is accepted, certified (forward), certified (reverse).
 
     The part of a certified bar that is vacuous (``rho* = +inf``: the criterion rejects nothing,
-    so any draft is "certified") is washed out and cross-hatched. It is the same share in both
-    divergences, since ``rho*`` is ``+inf`` exactly when the rejection region is empty.
+    so any draft is "certified") is washed out and cross-hatched, the same share on both bars: it
+    is read from the forward certificate, which is ``+inf`` exactly when the rejection region is
+    empty (the reverse one is also ``+inf`` when every rejected token has ``p = 0``, and a drafter
+    on such a token is rejected, so that is not vacuous).
     """
     from matplotlib.patches import Patch
 
