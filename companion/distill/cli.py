@@ -58,12 +58,14 @@ def cmd_build_drafter(args: argparse.Namespace) -> int:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             return _fail(f"cannot create {folder}: {err.strerror}")
+    # Read before building: --out may be the committed folder itself, which the build replaces.
+    before = json.loads(reference.read_text()) if reference.is_file() else None
     try:
         manifest = build_drafter(cfg, out, checkpoint_dir=ckpt, progress=not args.no_progress)
     except (ValueError, OSError) as err:
         return _fail(" ".join(str(err).split()))
-    if reference.is_file():
-        differ = compare_files(manifest, json.loads(reference.read_text()))
+    if before is not None:
+        differ = compare_files(manifest, before)
         if differ:
             print(f"differs from {reference}: {', '.join(differ)} (another recipe, package versions or CPU "
                   "numerics give other bits)")
