@@ -177,8 +177,10 @@ def load_planned(plan: HarvestPlan, *, device: Any = None, dtype: Any = None) ->
         prompts = pr.select_ultrachat_prompts(
             pr.ultrachat_rows(plan.ultrachat), tokenizer, n=plan.n_prompts or 500,
             min_tokens=plan.min_prompt_tokens, seed=plan.seed, enable_thinking=plan.enable_thinking)
-    target, drafter, tokenizer = load_pair(plan.target, plan.drafter or False, plan.tokenizer, device=device,
-                                           dtype=dtype)
+    # A model preset named as its own drafter (smollm2) brings the drafter the preset resolves to.
+    own = plan.drafter is not None and plan.drafter == plan.target
+    target, drafter, tokenizer = load_pair(plan.target, None if own else (plan.drafter or False), plan.tokenizer,
+                                           device=device, dtype=dtype)
     return target, drafter, tokenizer, prompts
 
 

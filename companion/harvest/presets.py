@@ -3,7 +3,7 @@
 ==================== ===================== ================= =========================================
 preset               target                drafter           prompts
 ==================== ===================== ================= =========================================
-``smollm2``          SmolLM2-135M-Instruct none (yet)        the project's chat requests, held-out split
+``smollm2``          SmolLM2-135M-Instruct distilled here    the project's chat requests, held-out split
 ``closed-world``     embedded target       embedded drafter  the embedded held-out prompt set
 ``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B       Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
 ``paper-qwen3-4b``   Qwen/Qwen3-4B         Qwen/Qwen3-0.6B   the same 500 prompts
@@ -97,7 +97,7 @@ PRESETS: dict[str, Preset] = {
         name="smollm2",
         description="SmolLM2-135M-Instruct, a real instruct LLM from the package index, on the project's chat "
                     "requests (held-out split; runs on a CPU)",
-        target="smollm2", drafter=None, prompts="chat-requests", min_prompt_tokens=64,
+        target="smollm2", drafter="smollm2", prompts="chat-requests", min_prompt_tokens=64,
     ),
     "closed-world": Preset(
         name="closed-world",
