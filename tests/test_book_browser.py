@@ -237,8 +237,7 @@ def assert_book_ok(report: BrowserReport, expect_math_on: list[str], expect_imag
 
 # Chapters whose tables are not yet numbered and captioned (their owners apply
 # companion.book.tables.captioned_table; remove a chapter from here when its tables have captions).
-TABLES_PENDING = {"notebooks/01_criteria_level_sets.html", "notebooks/02_exact_certificate.html",
-                  "notebooks/05_tree_decoding.html"}
+TABLES_PENDING: set[str] = set()   # chapters whose tables are not captioned yet: none
 
 
 @pytest.mark.parametrize("width", WIDTHS)
