@@ -137,7 +137,7 @@ def low_margin_tightness(greedy: float, relaxed: dict[str, float], overall_greed
     the relaxed criteria and trees explain more of the drafter's acceptances there than strict
     greedy does, from the numbers themselves. ``relaxed``: label -> tightness in that bin;
     ``overall_greedy``: strict greedy's tightness over every step."""
-    part = ("They explain only part of a good drafter's acceptances" if overall_greedy < 1 else
+    part = ("They explain only part of this drafter's acceptances" if overall_greedy < 1 else
             "Here they explain every one of the drafter's acceptances under strict greedy")
     shares = ", ".join(f"{v:.1%} of {k}'s" for k, v in relaxed.items())
     above = [k for k, v in relaxed.items() if v > greedy]
