@@ -714,8 +714,8 @@ def _witness_from_pool(full: TopSummary, pool: Tensor, cost: Tensor, divergence:
     """``q*`` from the pooled set (a mask over sorted positions) and its cost, in token order.
 
     Forward: ``q = mean_A p`` on the pool, ``p`` elsewhere. Reverse: the kernel's tilt
-    (:func:`companion.pooling.reverse_tilt`), ``q = e^C G_A`` on the pool and ``e^C p`` elsewhere.
-    Rows with an infinite cost get NaN.
+    (:func:`companion.pooling.reverse_tilt`), ``q = e^C G_A`` on the pool and ``e^C p`` elsewhere,
+    renormalised to sum to one. Rows with an infinite cost get NaN.
     """
     values, logs = full.values, full.logs
     if divergence == "forward":
@@ -725,6 +725,10 @@ def _witness_from_pool(full: TopSummary, pool: Tensor, cost: Tensor, divergence:
         q_sorted = torch.where(torch.isfinite(cost).unsqueeze(1), q_sorted, torch.full_like(q_sorted, torch.nan))
     else:
         q_sorted = reverse_tilt(values, logs, pool, cost)
+        # The cost is rounded down (companion.pooling.ROUND_DOWN) to stay a sound certificate; on a
+        # peaked row (C of hundreds of nats) that shifts e^C by ~1e-12 relative, so the full row is
+        # renormalised: the witness is the minimiser of its float64 inputs, not of the rounded cost.
+        q_sorted = q_sorted / q_sorted.sum(1, keepdim=True)
     q = torch.empty_like(q_sorted).scatter_(1, full.indices, q_sorted)
     return q.reshape(full.lead_shape + (full.vocab,))
 

@@ -128,8 +128,8 @@ def test_cli_conversion_error_is_one_line(monkeypatch, capsys) -> None:
 
 @pytest.fixture(scope="module")
 def smol():
-    target, drafter, tok = load_pair("smollm2", device="cpu", dtype="float32")
-    assert drafter is None
+    target, drafter, tok = load_pair("smollm2", False, device="cpu", dtype="float32")
+    assert drafter is None, "False asks for no drafter"
     return target, tok
 
 
@@ -164,7 +164,7 @@ def test_harvest_agrees_with_generate_token_for_token(smol, tmp_path, dtype) -> 
 
     target, tok = smol
     if dtype == "bfloat16":
-        target, _, tok = load_pair("smollm2", device="cpu", dtype="bfloat16")
+        target, _, tok = load_pair("smollm2", False, device="cpu", dtype="bfloat16")
     requests = ["What is the capital of France? Answer in one sentence.", "Write two lines about the sea."]
     prompts = [chat_prompt(tok, r) for r in requests]
     seen: dict[int, list[torch.Tensor]] = {}
@@ -203,3 +203,31 @@ def test_preset_harvest_cli_refuses_a_prompt_longer_than_the_context(tmp_path) -
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "8192 positions" in lines[0], res.stderr
+
+
+def test_the_preset_brings_the_committed_drafter() -> None:
+    """The drafter (companion build-drafter) loads with the target's tokenizer, its vocabulary checked by sha256."""
+    from companion.assets import SMOLLM2_DRAFTER_DIR
+    from companion.models import vocabulary_sha256
+
+    target, drafter, tok = load_pair("smollm2", device="cpu")
+    manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
+    assert drafter is not None and drafter.config.vocab_size == target.config.vocab_size
+    assert sum(p.numel() for p in drafter.parameters()) == manifest["drafter"]["params"]
+    assert vocabulary_sha256(tok) == manifest["vocabulary_sha256"]
+    assert sum(f.stat().st_size for f in SMOLLM2_DRAFTER_DIR.iterdir()) <= 25_000_000, "assets at most 25 MB"
+
+
+def test_a_drafter_of_another_vocabulary_is_refused(monkeypatch, tmp_path) -> None:
+    from companion.assets import SMOLLM2_DRAFTER_DIR
+
+    fake = tmp_path / "drafter"
+    fake.mkdir()
+    manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
+    manifest["vocabulary_sha256"] = "0" * 64
+    (fake / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(smollm2, "_drafter_asset_dir", lambda: fake)
+    with pytest.raises(smollm2.SmolLM2Unavailable, match="trained on another vocabulary"):
+        smollm2.drafter_dir(smollm2.ensure_converted(progress=False), "1" * 64, root=tmp_path / "cache")
+    with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
+        load_pair("smollm2", device="cpu")

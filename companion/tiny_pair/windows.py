@@ -1,6 +1,6 @@
 """Text into token windows: the training stream and the evaluation windows of the pair.
 
-The trainer (:mod:`companion.tiny_pair.train`) and ``pair-report`` (:mod:`companion.tiny_pair.report`)
+The trainer (``companion.tiny_pair.train``) and ``pair-report`` (``companion.tiny_pair.report``)
 both cut text this way, so a report scores exactly the windows its build scored.
 """
 from __future__ import annotations
