@@ -85,7 +85,7 @@ KINDS: tuple[str, ...] = ("writing", "open-question", "explanation", "advice", "
 PER_KIND = 60
 #: The paper's selection rule: at least this many prompt tokens once chat-templated.
 MIN_TOKENS = 64
-#: The committed prompt file (every request, both splits, SmolLM2's template).
+# The committed prompt file (every request, both splits, SmolLM2's template).
 ASSET_FILE: Path = CHAT_REQUESTS_DIR / "prompts.jsonl"
 SPLITS = ("train", "heldout")
 SOURCE_PREFIX = "chat-requests"

