@@ -27,6 +27,7 @@ from companion.drafter_side import (
     drafter_soundness,
     drafter_tree_certificate,
     drafter_witness,
+    typical_bounds,
 )
 from companion.criteria import Typical
 from companion.oracle import brute_force_drafter_certificate as slsqp_certificate
@@ -656,3 +657,40 @@ def test_drafter_soundness_counts_agree_with_the_direct_check() -> None:
     assert int(bad.sum()) > 0
     with pytest.raises(ValueError, match="same shape"):
         drafter_soundness(p, q[:, :4], specs)
+
+
+@given(seed=st.integers(0, 2**31 - 1), v=st.integers(3, 10), log_scale=st.floats(-2.0, 3.0),
+       eps=st.sampled_from([0.05, 0.09, 0.3, 1.0]), delta=st.sampled_from([0.3, 0.9, 1.5]))
+@settings(max_examples=25, deadline=None)
+def test_typical_bounds_bracket_the_certificate(seed: int, v: int, log_scale: float, eps: float, delta: float) -> None:
+    """lo <= rho~_typical(q) <= hi, from q(1) alone, at the search's stated accuracy (1.1e-8 relative)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.softmax(math.exp(log_scale) * torch.randn(16, v, generator=gen, dtype=torch.float64), -1)
+    crit = Typical(eps, delta)
+    lo, hi = typical_bounds(q, crit)
+    rho = drafter_certificate(q, crit)
+    slack = 1e-7 * rho.abs() + 1e-12
+    assert bool((lo <= rho + slack).all()), (lo - rho).max()
+    assert bool((rho <= hi + slack).all()), (rho - hi).max()
+
+
+def test_typical_soundness_decided_by_bounds_or_search_counts_as_the_search_alone() -> None:
+    """drafter_soundness runs typical's search only where the bounds leave KL < rho~ open; rows of all
+    three kinds occur here, and the counts equal those of the search on every row."""
+    gen = torch.Generator().manual_seed(7)
+    n, v = 600, 8
+    scale = torch.exp(torch.empty(n, 1, dtype=torch.float64).uniform_(-1, 2.5, generator=gen))
+    logits = scale * torch.randn(n, v, generator=gen, dtype=torch.float64)
+    q = torch.softmax(logits, -1)
+    noise = torch.exp(torch.empty(n, 1, dtype=torch.float64).uniform_(-6, 2.5, generator=gen))
+    p = torch.softmax(logits + noise * torch.randn(n, v, generator=gen, dtype=torch.float64), -1)
+    spec = "typical:0.09,0.3"
+    kl = _kl(p, q)
+    lo, hi = typical_bounds(q, parse_criterion(spec))
+    below, above = kl < lo * (1 - 1e-6), kl > hi * (1 + 1e-6)
+    kinds = {"below": int(below.sum()), "above": int(above.sum()), "open": int((~below & ~above).sum())}
+    assert min(kinds.values()) >= 20, kinds
+    exact = kl < drafter_certificate(q, spec)
+    out = drafter_soundness(p, q, [spec])[spec]
+    assert out.certified == int(exact.sum()), (out.certified, int(exact.sum()), kinds)
+    assert out.certified_and_rejected == int((exact & _rejects(p, q, spec)).sum()) == 0

@@ -112,6 +112,45 @@ def test_max_drafts_cuts_the_chains_and_replay_refuses_to_guess(pair):
         replay(short, "constant:4")
 
 
+def test_a_given_text_records_what_decoding_it_records(pair):
+    """record_chains(text=...) skips the one-token decoding and records the same chains, KLs and
+    verdicts; inspect sees both models' teacher-forced rows, whose target argmax is the text."""
+    target, drafter, ids, recs = pair
+    for x, rec in zip(ids, recs):
+        seen = {}
+        given = record_chains(target, drafter, x, max_new_tokens=N_NEW, text=list(rec.tokens),
+                              inspect=lambda p, q: seen.update(p=p, q=q))
+        assert given == rec
+        assert seen["p"].shape == seen["q"].shape == (len(rec.tokens), target.get_output_embeddings().weight.shape[0])
+        assert seen["p"].argmax(-1).tolist() == list(rec.tokens)
+        again = record_chains(target, drafter, x, max_new_tokens=N_NEW, text=torch.tensor(rec.tokens))
+        assert again == rec
+
+
+def test_a_given_text_that_is_not_greedy_is_flagged_and_bad_texts_are_refused(pair):
+    target, drafter, ids, recs = pair
+    rec = recs[0]
+    assert not rec.ended_by_eos
+    wrong = list(rec.tokens)
+    wrong[5] = (wrong[5] + 1) % 50   # another ordinary token: the target did not pick it
+    flagged = record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, text=wrong)
+    assert 5 in flagged.disagreements, flagged.disagreements
+    eos = int(target.generation_config.eos_token_id if isinstance(target.generation_config.eos_token_id, int)
+              else target.generation_config.eos_token_id[0])
+    cases = {
+        "more than max_new_tokens": list(rec.tokens) + [1],
+        "before its end": [eos] + list(rec.tokens[1:]),
+        "does not end with an end-of-sequence token": list(rec.tokens[:-1]),
+        "outside the vocabulary": list(rec.tokens[:-1]) + [10**9],
+        "text must be token ids": "hello",
+        "text must be integer token ids": torch.zeros(N_NEW),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(ValueError, match=message) as err:
+            record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, text=bad)
+        assert "\n" not in str(err.value)
+
+
 # -- replay against live decoding ----------------------------------------------------------------
 @pytest.mark.parametrize("policy", LOSSLESS + list(CALIBRATED))
 def test_replay_is_live_decoding_round_for_round(pair, policy):

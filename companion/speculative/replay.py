@@ -133,6 +133,68 @@ def _step(logits: Tensor) -> DraftStep:
     return DraftStep(token=token, q1=q1, q2=q2, rho=drafter_rho(logits, _GREEDY, q1, q2))
 
 
+def _steps(logits: Tensor) -> tuple[list[DraftStep], Tensor]:
+    """:func:`_step` of every row of ``logits [B, V]`` at once (the same arithmetic, vectorised), and the tokens ``[B]``."""
+    tokens = logits.argmax(-1)
+    q = torch.softmax(logits, -1, dtype=torch.float64)   # bit for bit softmax(logits.double())
+    top = torch.topk(q, 2, dim=-1)
+    q1 = q.gather(-1, tokens[:, None])[:, 0]
+    q2 = torch.where(top.indices[:, 0] == tokens, top.values[:, 1], top.values[:, 0])
+    steps = [DraftStep(token=t, q1=a, q2=b, rho=drafter_rho(logits[i], _GREEDY, a, b))
+             for i, (t, a, b) in enumerate(zip(tokens.tolist(), q1.tolist(), q2.tolist()))]
+    return steps, tokens
+
+
+def _extend_batched(drafter: Any, cache: DynamicCache, n0: int, starts: Sequence[tuple[int, int, int]],
+                    eos: frozenset[int]) -> dict[int, list[DraftStep]]:
+    """The drafter's greedy chains past every mismatch at once, on the teacher-forced cache.
+
+    ``cache`` holds the drafter's keys and values over ``prompt + text`` (one sequence, ``N``
+    positions); ``starts`` lists ``(m, d_m, need)``: the chain that diverges at text position ``m``
+    continues from the context ``prompt + text[:m] + [d_m]`` for ``need`` more drafts (fewer when
+    it drafts an end-of-sequence token). Every start is one row of a batch that shares the cache:
+    row ``m`` attends to the cached positions before ``n0 + m`` and to its own new positions
+    (``N, N + 1, ...``) through a custom 4-D mask, with position ids ``n0 + m + j``, so it computes
+    what a one-sequence forward over its context would, up to the last bits of a batched
+    reduction. Rows are dropped from the batch as they finish. ``cache`` is consumed.
+    """
+    out: dict[int, list[DraftStep]] = {m: [] for m, _, _ in starts}
+    live = [(m, need) for m, _, need in starts if need > 0]
+    if not live:
+        return out
+    tokens = torch.tensor([[d] for m, d, need in starts if need > 0], dtype=torch.long, device=drafter.device)
+    n_cached = cache.get_seq_length()
+    cache.batch_repeat_interleave(len(live))
+    dtype = next(drafter.parameters()).dtype
+    j = 0
+    while live:
+        limit = torch.tensor([n0 + m for m, _ in live], device=drafter.device)
+        cols = torch.arange(n_cached + j + 1, device=drafter.device)
+        allowed = (cols[None, :] < limit[:, None]) | (cols[None, :] >= n_cached)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=drafter.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True}
+        if getattr(drafter, "_supports_logits_to_keep", lambda: False)():
+            kwargs["logits_to_keep"] = 1
+        logits = drafter(input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=(limit + j)[:, None],
+                         **kwargs).logits[:, -1].float()
+        steps, drafted = _steps(logits)
+        keep = []
+        for row, ((m, need), step) in enumerate(zip(live, steps)):
+            out[m].append(step)
+            if len(out[m]) < need and step.token not in eos:
+                keep.append(row)
+        j += 1
+        if len(keep) < len(live):
+            if not keep:
+                break
+            cache.batch_select_indices(torch.tensor(keep, device=drafter.device))
+            live = [live[r] for r in keep]
+            drafted = drafted[keep]
+        tokens = drafted[:, None]
+    return out
+
+
 def _last_rows(model: Any, ids: Tensor, keep: int, cache: DynamicCache | None) -> Tensor:
     """Logits ``[keep, V]`` (float32) of the last ``keep`` positions of one forward over ``ids`` (filling ``cache``)."""
     kwargs: dict[str, Any] = {"use_cache": cache is not None}
@@ -151,6 +213,8 @@ def record_chains(
     max_new_tokens: int,
     max_drafts: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    text: Sequence[int] | Tensor | None = None,
+    inspect: Callable[[Tensor, Tensor], None] | None = None,
 ) -> RecordedChains:
     """Record the target's greedy text of ``input_ids`` and the drafter's greedy chain from every position of it.
 
@@ -158,6 +222,13 @@ def record_chains(
     (``None``: the target's ``generation_config.eos_token_id``). ``max_drafts``: the longest chain
     recorded from any position (``None``: as long as the length budget allows, so that every
     policy replays exactly; a replay that needs more raises ``ValueError``).
+
+    ``text``: the target's greedy text when it is already known (from a batched harvest, say),
+    which spares the one-token-at-a-time decoding; it must be ``max_new_tokens`` long or end with
+    an end-of-sequence token. Where it is not what the target's teacher-forced forward picks,
+    the position is listed in ``disagreements`` (a text that is not the target's greedy text shows up
+    there). ``inspect(p_logits, q_logits)``: called once with both models' teacher-forced logits
+    ``[n, V]`` (float32; row ``t`` predicts ``text[t]``), for checks that need the full rows.
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -170,21 +241,25 @@ def record_chains(
         raise ValueError(f"target and drafter vocabularies differ ({vt} vs {vd} logits); a drafter must share the target's vocabulary")
     _check_ids_in_vocab(prompt, (target, drafter), vt)
     eos = _eos_ids(eos_token_id, target)
+    given = None if text is None else _given_text(text, max_new_tokens, eos, vt)
     n0 = len(prompt)
 
     with torch.inference_mode():
-        # 1. the target's greedy text, one token per forward (plain decoding, `constant:0`)
-        text: list[int] = []
-        cache = DynamicCache()
-        fed = 0
-        seq = list(prompt)
-        while len(text) < max_new_tokens:
-            token = int(torch.argmax(_forward(target, seq[fed:], cache, 1)[0]))
-            fed = len(seq)
-            text.append(token)
-            seq.append(token)
-            if token in eos:
-                break
+        if given is not None:
+            text = given
+        else:
+            # 1. the target's greedy text, one token per forward (plain decoding, `constant:0`)
+            text = []
+            cache = DynamicCache()
+            fed = 0
+            seq = list(prompt)
+            while len(text) < max_new_tokens:
+                token = int(torch.argmax(_forward(target, seq[fed:], cache, 1)[0]))
+                fed = len(seq)
+                text.append(token)
+                seq.append(token)
+                if token in eos:
+                    break
         ended = bool(text) and text[-1] in eos
         n = len(text)
         if n == 0:
@@ -195,37 +270,25 @@ def record_chains(
         d_cache = DynamicCache()
         q_logits = _last_rows(drafter, full, n, d_cache)
         p_logits = _last_rows(target, full, n, None)
+        if inspect is not None:
+            inspect(p_logits, q_logits)
         disagree = tuple(int(t) for t in torch.nonzero(p_logits.argmax(-1).cpu() != torch.tensor(text)).reshape(-1))
         lp = torch.log_softmax(p_logits.double(), -1)
         lq = torch.log_softmax(q_logits.double(), -1)
         kl = tuple(float(x) for x in (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0))
-        rows = [_step(q_logits[t]) for t in range(n)]
+        del lp, lq, p_logits
+        rows, _ = _steps(q_logits)
 
         def budget(s: int) -> int:
             cap = max_new_tokens - s - 1
             return cap if max_drafts is None else min(cap, max_drafts)
 
         # 3. at every position m where the drafter's greedy token is not the text's, extend the
-        # drafter's chain past that draft: every chain that diverges at m continues with it
-        # (last position first: cropping the teacher-forced cache back to prompt + text[:m] then
-        # leaves only text in it, since every extension wrote past a later position)
-        extensions: dict[int, list[DraftStep]] = {}
-        for m in range(n - 1, -1, -1):
-            if rows[m].token == text[m] or rows[m].token in eos:
-                continue
-            # the longest chain that diverges at m starts at m itself
-            need = budget(m) - 1
-            ext: list[DraftStep] = []
-            if need > 0:
-                d_cache.crop(n0 + m)
-                ctx = [rows[m].token]
-                while len(ext) < need:
-                    step = _step(_forward(drafter, ctx, d_cache, 1)[0])
-                    ext.append(step)
-                    if step.token in eos:
-                        break
-                    ctx = [step.token]
-            extensions[m] = ext
+        # drafter's chain past that draft (every chain that diverges at m continues with it); the
+        # longest chain that diverges at m starts at m itself. All extensions run as one batch.
+        starts = [(m, rows[m].token, max(budget(m) - 1, 0)) for m in range(n)
+                  if rows[m].token != text[m] and rows[m].token not in eos]
+        extensions = _extend_batched(drafter, d_cache, n0, starts, eos)
 
     chains: list[tuple[DraftStep, ...]] = []
     for s in range(n):
@@ -245,6 +308,31 @@ def record_chains(
             t += 1
         chains.append(tuple(chain))
     return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended, disagree)
+
+
+def _given_text(text: Sequence[int] | Tensor, max_new_tokens: int, eos: frozenset[int], vocab: int) -> list[int]:
+    """``text`` as a list of ids, checked: at most ``max_new_tokens``, shorter only when it ends with an
+    end-of-sequence token, no end-of-sequence token before its end, every id in the vocabulary."""
+    if isinstance(text, (str, bytes)):
+        raise ValueError(f"text must be token ids (a tensor or a list of integers), got {type(text).__name__}")
+    empty = text.numel() == 0 if isinstance(text, Tensor) else len(text) == 0
+    try:
+        ids = [] if empty else _prompt_ids(text)
+    except ValueError as err:
+        raise ValueError(str(err).replace("input_ids", "text")) from None
+    if len(ids) > max_new_tokens:
+        raise ValueError(f"text has {len(ids)} tokens, more than max_new_tokens = {max_new_tokens}")
+    early = [i for i, t in enumerate(ids[:-1]) if t in eos]
+    if early:
+        raise ValueError(f"text has an end-of-sequence token at position {early[0]} before its end ({len(ids)} tokens); "
+                         "greedy decoding stops there")
+    if len(ids) < max_new_tokens and not (ids and ids[-1] in eos):
+        raise ValueError(f"text has {len(ids)} tokens for max_new_tokens = {max_new_tokens} and does not end with an "
+                         f"end-of-sequence token {sorted(eos)}")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"text holds token id {bad[0]} outside the vocabulary of {vocab}")
+    return ids
 
 
 def _check_chains(chains: Any, what: str = "chains") -> RecordedChains:
