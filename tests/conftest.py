@@ -67,9 +67,15 @@ LONGEST_FILES = ("test_book_browser.py", "test_harvest.py", "test_drafter_side.p
                  "test_certificate_properties.py", "test_speculative.py", "test_tiny_pair.py")
 
 
+# Files that reuse the built book but do not build it themselves, last: by the time a worker
+# reaches them the first file of LONGEST_FILES has built it (see ``built_book``).
+AFTER_THE_BOOK = ("test_glued_verdicts.py",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order within files kept
+    rank.update({name: len(LONGEST_FILES) + 1 for name in AFTER_THE_BOOK})
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: order within files kept
 
 
 @pytest.fixture
@@ -116,7 +122,24 @@ def built_book() -> Path:
     if os.environ.get("COMPANION_BOOK_BUILT") == "1":
         if not (layout.html / "index.html").is_file():
             pytest.fail("COMPANION_BOOK_BUILT=1 but _build/html/index.html does not exist")
-    else:
-        # every chapter of _toc.yml must exist and execute: CI is the check that they do
-        reproduce(layout, "cpu", require_all=True)
+        return layout.html
+    # Under pytest-xdist each worker has its own session, so each would build the book (measured:
+    # two 6-minute builds side by side). The first worker to get here builds it under a lock; the
+    # others wait for the lock and reuse that build, which the run's id marks as this run's.
+    import fcntl
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+    marker = layout.html / ".built-for-test-run"
+    layout.html.parent.mkdir(parents=True, exist_ok=True)
+    with open(layout.html.parent / ".built-book.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if run_id and marker.is_file() and marker.read_text(encoding="utf-8") == run_id:
+                return layout.html
+            # every chapter of _toc.yml must exist and execute: CI is the check that they do
+            reproduce(layout, "cpu", require_all=True)
+            if run_id:
+                marker.write_text(run_id, encoding="utf-8")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return layout.html

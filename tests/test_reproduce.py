@@ -67,14 +67,14 @@ def test_shipped_profiles_load() -> None:
 
 def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     cpu, full = load_profile(ROOT, "cpu"), load_profile(ROOT, "full")
-    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 12}
+    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 96, "n_live_prompts": 4}
     assert full.notebooks == {"07_paper_evaluation": {"n_prompts": 500}}
-    assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 12
-    # the default build trims chapter 10 to 6 prompts: the notebook's own default
+    assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 96
+    # the default build trims chapter 10 to 32 answers: the notebook's own default
     from companion.book.parameters import notebook_parameters
 
     declared = notebook_parameters(ROOT / "notebooks" / "10_decode_time.ipynb")
-    assert declared["n_eval_prompts"].value == 6
+    assert declared["n_eval_prompts"].value == 32
 
 
 def test_unknown_profile_lists_the_known_ones() -> None:

@@ -243,6 +243,7 @@ def test_results_page_says_when_a_run_is_the_answer_length_ceiling(tmp_path, cap
 
 
 CH10 = {"ch10_sound_steps": 288, "ch10_sound_violations": 0, "ch10_n_eval": 6,
+        "ch10_pair_words": "SmolLM2-135M-Instruct and its distilled drafter (11.0M parameters)",
         "ch10_summary_verdict": "showed no resolved difference in cost per token from the best built-in",
         "ch10_score_added": "On the pair measured here the score added nothing measurable: x.",
         "ch10_goal_summary": "the cheapest policy replayed is within 10% of the oracle by its point estimate "
@@ -266,6 +267,7 @@ def test_results_page_states_chapter_10s_outcome(tmp_path) -> None:
     fill_measured_results(pages, notebooks)
     text = page.read_text(encoding="utf-8")
     assert "sound on every one of 288 decoding steps" in text, text
+    assert "(chapter 10, SmolLM2-135M-Instruct and its distilled drafter (11.0M parameters) on 6 prompts)" in text, text
     assert "policy showed no resolved difference" in text and "added nothing measurable" in text
     assert "reaches above 1.10" in text
     _write_glued(notebooks / "10_decode_time.ipynb", {**CH10, "ch10_sound_violations": 2})

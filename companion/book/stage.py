@@ -253,13 +253,13 @@ def _and(items: list[str]) -> str:
 def _chapter_10_sentence(v: dict[str, Any]) -> str:
     """The measured outcome of result 13 (certificates at decode time), from chapter 10's glued values."""
     need = ("ch10_sound_steps", "ch10_sound_violations", "ch10_n_eval", "ch10_summary_verdict",
-            "ch10_score_added", "ch10_goal_summary")
+            "ch10_score_added", "ch10_goal_summary", "ch10_pair_words")
     missing = [k for k in need if k not in v]
     if missing:
         raise RunFailure(f"chapter 10 did not glue {missing}: the results page cannot show its numbers")
     sound = ("sound on every one of" if v["ch10_sound_violations"] == 0 else
              f"certified and then rejected {v['ch10_sound_violations']} of")
-    return (f"*Measured in this build* (chapter 10, the embedded pair on {v['ch10_n_eval']} prompts): the "
+    return (f"*Measured in this build* (chapter 10, {v['ch10_pair_words']} on {v['ch10_n_eval']} prompts): the "
             f"drafter-side certificate was {sound} {v['ch10_sound_steps']} decoding steps; the certificate "
             f"policy {v['ch10_summary_verdict']}. {v['ch10_score_added']} Replayed on the GPU-like cost model "
             f"($V = 1$, $c = 0.05$), {v['ch10_goal_summary']}.")
