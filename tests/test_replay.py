@@ -377,9 +377,12 @@ def test_gap_and_goal_sentences_have_words_for_every_outcome():
     dear = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.4, "confidence:0.4": 1.5})])
     assert "no policy improves on the best constant schedule anywhere" in dear and "a negative share on 1" in dear
     near = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.9, 0.85, 0.95)))
-    assert "within 10% of the limit" in near and "entirely below 1: it is 10.0% cheaper" in near
+    assert "within 10% of the limit" in near and "entirely below 1: it is 10.0% cheaper, at least the 5% asked" in near
+    small = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.97, 0.95, 0.99)))
+    assert "it is 3.0% cheaper, less than the 5% asked" in small
     edge = goal_sentence(fake_row("flat", 0.05, best=(1.08, 1.02, 1.15), vs_const=(1.1, 1.05, 1.2)))
     assert "though the interval reaches above 1.10" in edge and "entirely above 1: it is 10.0% dearer" in edge
+    assert "so it is not the 5% saving with an interval below 1 that was asked" in edge
     far = goal_sentence(fake_row("flat", 0.05, best=(1.2, 1.1, 1.3)))
     assert "none of the policies replayed comes within 10% of the oracle" in far
     assert "`constant:3` 1.300" in far and "`certificate` 1.200" in far and "no difference is resolved" in far

@@ -728,10 +728,11 @@ def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> s
     return text
 
 
-def goal_sentence(row: GridRow, *, within: float = 0.10, certificate: str = "certificate") -> str:
+def goal_sentence(row: GridRow, *, within: float = 0.10, cheaper_by: float = 0.05, certificate: str = "certificate") -> str:
     """At one cost model: is the cheapest policy replayed within ``within`` of the oracle, and is the
-    certificate rule's ratio to the best constant schedule resolved below 1? Every outcome has its words;
-    when no policy is within reach, every policy's distance to the oracle is listed."""
+    certificate rule's ratio to the best constant schedule resolved below 1, by at least ``cheaper_by``?
+    Every outcome has its words; when no policy is within reach, every policy's distance to the oracle
+    is listed."""
     best = row.best_vs_oracle
     if best.point <= 1 + within:
         first = (f"the cheapest policy replayed, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
@@ -748,10 +749,14 @@ def goal_sentence(row: GridRow, *, within: float = 0.10, certificate: str = "cer
     if outcome == "cheaper":
         second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
                   f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely below 1: it is {1 - est.point:.1%} cheaper")
+        second += (f", at least the {cheaper_by:.0%} asked" if 1 - est.point >= cheaper_by else
+                   f", less than the {cheaper_by:.0%} asked")
     elif outcome == "dearer":
         second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
                   f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely above 1: it is {est.point - 1:.1%} dearer")
     else:
         second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
                   f"[{est.lo:.3f}, {est.hi:.3f}], an interval that contains 1: no difference is resolved")
+    if outcome != "cheaper":
+        second += f", so it is not the {cheaper_by:.0%} saving with an interval below 1 that was asked"
     return first + "; and " + second + "."
