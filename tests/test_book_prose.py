@@ -50,6 +50,8 @@ def test_outcome_agrees_with_the_interval_everywhere(point: float, below: float,
 def test_ratio_phrase_states_the_numbers() -> None:
     assert "about 10% cheaper than X" in prose.ratio_phrase(CHEAP, "X")
     assert "about 20% dearer than X" in prose.ratio_phrase(DEAR, "X")
+    # a resolved difference under 1 % keeps a decimal: it once read "about 0% dearer"
+    assert "about 0.3% dearer than X" in prose.ratio_phrase(type(DEAR)(1.003, 1.001, 1.004), "X")
     assert "not resolved from X" in prose.ratio_phrase(OPEN, "X") and "below 1 by 2.0%" in prose.ratio_phrase(OPEN, "X")
     assert "cost the same on every prompt" in prose.ratio_phrase(SAME, "X")
 

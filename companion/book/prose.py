@@ -52,10 +52,12 @@ def ratio_phrase(est: Ratio, other: str) -> str:
     if kind == SAME:
         return (f"exactly as dear as {other} on these prompts: the ratio is 1 in every resample, "
                 "so the two cost the same on every prompt")
+    # whole percents, but one decimal under 10 % so that a resolved 0.3 % never reads "about 0%"
+    size = f"{pct:.1%}" if pct < 0.095 else f"{pct:.0%}"
     if kind == CHEAPER:
-        return f"about {pct:.0%} cheaper than {other}, with the whole interval below 1"
+        return f"about {size} cheaper than {other}, with the whole interval below 1"
     if kind == DEARER:
-        return f"about {pct:.0%} dearer than {other}, with the whole interval above 1"
+        return f"about {size} dearer than {other}, with the whole interval above 1"
     side = "below" if est.point < 1 else "above"
     return f"not resolved from {other} on these prompts: the ratio is {side} 1 by {pct:.1%} but its interval contains 1"
 
