@@ -64,6 +64,7 @@ def test_two_identical_outcomes_are_said_once() -> None:
     assert "A and B" in text
     mixed = prose.comparisons_phrase([(SAME, "A"), (CHEAP, "B")])
     assert mixed.count("cost the same") == 1 and "cheaper than B" in mixed, mixed
+    assert "on every prompt; and it is about 10% cheaper than B" in mixed, mixed
 
 
 @pytest.mark.parametrize("top1, margin, expect", [

@@ -73,6 +73,9 @@ def comparisons_phrase(comparisons: Sequence[tuple[Ratio, str]]) -> str:
         parts.append(f"exactly as dear as {_join(same)} on these prompts: the ratio is 1 in every resample, "
                      f"so {who} cost the same on every prompt")
     parts += [ratio_phrase(est, other) for est, other in comparisons if outcome(est) != SAME]
+    if len(parts) == 2 and ":" in parts[0]:
+        # "... so the two cost the same on every prompt and not resolved from ..." read as one clause
+        return parts[0] + "; and it is " + parts[1]
     return _join(parts) if len(parts) <= 2 else "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
