@@ -320,6 +320,8 @@ def test_grid_rows_price_every_policy_against_the_oracle(pair):
         cmp = replay_comparison(recs[:3], recs[3:], costs, builtins=builtins, calibrated=["certificate", "top1"],
                                 cold=False)
         tokens = sum(len(r.tokens) for r in cmp.results["constant:0"])
+        # not an iterative oracle: the same float64 programme and sums in another order, so 1e-12 is a
+        # reassociation tolerance (a few hundred terms), not a solver's
         limit = sum(oracle_cost(ch, costs) * len(ch.tokens) for ch in recs[:3]) / tokens
         assert row.oracle_cost == pytest.approx(limit, rel=1e-12)
         for p, cost in row.costs.items():

@@ -123,18 +123,10 @@ class RecordedChains:
         return sum(self.matched) / len(self.matched) if self.matched else math.nan
 
 
-def _step(logits: Tensor) -> DraftStep:
-    """The drafter's greedy token at one row of logits and what a policy reads there, as the decoder computes it."""
-    token = int(torch.argmax(logits))
-    q = torch.softmax(logits.double(), -1)
-    top = torch.topk(q, 2)
-    q1 = float(q[token])
-    q2 = float(top.values[1] if int(top.indices[0]) == token else top.values[0])
-    return DraftStep(token=token, q1=q1, q2=q2, rho=drafter_rho(logits, _GREEDY, q1, q2))
-
-
 def _steps(logits: Tensor) -> tuple[list[DraftStep], Tensor]:
-    """:func:`_step` of every row of ``logits [B, V]`` at once (the same arithmetic, vectorised), and the tokens ``[B]``."""
+    """The drafter's greedy token per row of ``logits [B, V]`` and what a policy reads there, as the decoder
+    computes it (argmax, ``q(1)``, ``q(2)`` and the strict-greedy certificate, from ``softmax`` in float64),
+    and the tokens ``[B]``."""
     tokens = logits.argmax(-1)
     q = torch.softmax(logits, -1, dtype=torch.float64)   # bit for bit softmax(logits.double())
     top = torch.topk(q, 2, dim=-1)
