@@ -310,6 +310,7 @@ def drafter_soundness(
     criteria: Sequence[Criterion | str],
     *,
     tree_widths: Iterable[int] = (),
+    kl: Tensor | None = None,
 ) -> dict[str, DrafterSoundness]:
     """Check ``KL(p||q) < rho~_c(q)  =>  c accepts argmax q under p`` on every row; count both sides.
 
@@ -324,15 +325,20 @@ def drafter_soundness(
     check is sound for both. For ``tree:M`` only rows where ``q(M) > q(M+1)`` count (the drafter's tree is then
     unique), and the tree succeeds iff *every* maximiser of ``p`` lies in it (the decoder's
     token may be any of them).
+
+    ``kl``: ``KL(p||q)`` per row when the caller has already computed it
+    (:func:`companion.kl_certificates.kl_divergence` of the same ``p`` and ``q``); computed here otherwise.
     """
     if p.shape != q.shape or p.dim() != 2:
         raise ValueError(f"p and q must be [N, V] of the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    if kl is not None and tuple(kl.shape) != (p.shape[0],):
+        raise ValueError(f"kl must hold one divergence per row, shape ({p.shape[0]},), got {tuple(kl.shape)}")
     widths = list(tree_widths)
     crits = [parse_criterion(c) for c in criteria]
     rho = drafter_certificates(q, [c for c in crits if not isinstance(c, Typical)], tree_widths=widths)
     from companion.kl_certificates import kl_divergence  # lazy: the engine imports nothing from here
 
-    kl = kl_divergence(p, q)
+    kl = kl_divergence(p, q) if kl is None else kl
     top_q = q == q.amax(-1, keepdim=True)
     out: dict[str, DrafterSoundness] = {}
     for crit in crits:

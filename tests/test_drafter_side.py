@@ -657,6 +657,12 @@ def test_drafter_soundness_counts_agree_with_the_direct_check() -> None:
     assert int(bad.sum()) > 0
     with pytest.raises(ValueError, match="same shape"):
         drafter_soundness(p, q[:, :4], specs)
+    # the caller's KL, when given, is the one compared: the same counts for the same KL, other
+    # counts for another (so it is not ignored), and a KL of the wrong shape refused
+    assert drafter_soundness(p, q, specs, tree_widths=[2], kl=kl) == out
+    assert drafter_soundness(p, q, ["greedy"], kl=torch.zeros_like(kl))["greedy"].certified == 600
+    with pytest.raises(ValueError, match="one divergence per row"):
+        drafter_soundness(p, q, specs, kl=kl[:5])
 
 
 @given(seed=st.integers(0, 2**31 - 1), v=st.integers(3, 10), log_scale=st.floats(-2.0, 3.0),
