@@ -77,8 +77,24 @@ def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     assert declared["n_eval_prompts"].value == 32
 
 
+def test_ci_profile_is_the_cpu_profile_at_smaller_sizes_with_one_shared_harvest() -> None:
+    """The test suite's book (profiles/ci.yml) runs what the main job runs, only smaller: the cpu
+    profile's parameters, sizes that only shrink, and chapters 7, 8 and 10 on one harvest."""
+    from companion.book.parameters import notebook_parameters
+
+    cpu, ci = load_profile(ROOT, "cpu"), load_profile(ROOT, "ci")
+    assert ci.parameters == cpu.parameters
+    declared = {name: notebook_parameters(ROOT / "notebooks" / f"{name}.ipynb") for name in ci.notebooks}
+    for name, values in ci.notebooks.items():
+        for key, value in values.items():
+            assert 0 < value < declared[name][key].value, (name, key, value, declared[name][key].value)
+    ch10 = {**{k: v.value for k, v in declared["10_decode_time"].items()}, **ci.notebooks["10_decode_time"]}
+    shared = ch10["n_eval_prompts"] + ch10["n_calibration_prompts"]
+    assert ci.notebooks["07_paper_evaluation"]["n_prompts"] == ci.notebooks["08_real_drafter"]["n_prompts"] == shared
+
+
 def test_unknown_profile_lists_the_known_ones() -> None:
-    with pytest.raises(ReproduceError, match=r"unknown profile 'tpu'.*cpu, full, gpu"):
+    with pytest.raises(ReproduceError, match=r"unknown profile 'tpu'.*ci, cpu, full, gpu"):
         load_profile(ROOT, "tpu")
 
 

@@ -30,16 +30,25 @@
       a.appendChild(img);
     });
   }
-  // Long module names in the right-hand contents (the API page) may break after a dot, so that
-  // they wrap at a name boundary instead of being cut.
-  function breakModuleNames() {
-    document.querySelectorAll('.bd-sidebar-secondary code span.pre, .bd-sidebar-secondary code').forEach(el => {
-      if (el.children.length) return;
-      el.textContent = el.textContent.replace(/\./g, '.\u200b');
+  // Long dotted names may break after a dot, so that they wrap at a name boundary instead of being
+  // cut or squeezing their neighbours: in the right-hand contents (the API page) and in a table's
+  // code (the API page's entry points, whose description column was a few characters wide on a
+  // phone). <wbr> marks the break without adding a character, so a copied name stays intact.
+  function breakDottedNames() {
+    const names = '.bd-sidebar-secondary code span.pre, .bd-sidebar-secondary code, ' +
+                  'article table td code span.pre, article table td code';
+    document.querySelectorAll(names).forEach(el => {
+      if (el.children.length || !/\w\.\w/.test(el.textContent)) return;
+      const parts = el.textContent.split('.');
+      el.textContent = '';
+      parts.forEach((part, i) => {
+        el.appendChild(document.createTextNode(i < parts.length - 1 ? part + '.' : part));
+        if (i < parts.length - 1) el.appendChild(document.createElement('wbr'));
+      });
     });
   }
   document.addEventListener('DOMContentLoaded', linkFigures);
-  document.addEventListener('DOMContentLoaded', breakModuleNames);
+  document.addEventListener('DOMContentLoaded', breakDottedNames);
   window.addEventListener('load', () => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       MathJax.startup.promise.then(fit);
