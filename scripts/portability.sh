@@ -5,7 +5,8 @@
 #
 #   bash scripts/portability.sh            # the pairwise set (every pair of settings at least once)
 #   bash scripts/portability.sh --full     # every combination (threads x ATen x OpenBLAS)
-#   bash scripts/portability.sh --all      # also the slow tests and files (peaked rows, large V)
+#   bash scripts/portability.sh --all      # also the slow tests and files (peaked rows, large V),
+#                                          # the oracle sweeps at full size (COMPANION_FULL_SWEEPS=1)
 #   bash scripts/portability.sh -- -k ties # extra pytest arguments after --
 #   PORTABILITY_FILES="tests/test_ties.py tests/test_pooling.py" bash scripts/portability.sh
 #                                          # other test files (or node ids) instead of the list below
@@ -38,7 +39,7 @@ extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --full) full=1 ;;
-        --all) FILES+=("${SLOW_FILES[@]}"); marker=() ;;
+        --all) FILES+=("${SLOW_FILES[@]}"); marker=(); export COMPANION_FULL_SWEEPS=1 ;;
         --) shift; extra=("$@"); break ;;
         *) echo "portability.sh: unknown argument '$1' (expected --full, --all, or -- PYTEST_ARGS)" >&2; exit 2 ;;
     esac

@@ -17,6 +17,16 @@ if os.environ.get("CI"):
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: ``COMPANION_FULL_SWEEPS=1`` runs the oracle sweeps (the SLSQP and exhaustive-search comparisons
+#: over many random rows) at their full sizes, as ``scripts/portability.sh --all`` does; otherwise
+#: (CI, a developer's run) at half size, a third of the suite's time otherwise on a 2-core machine.
+FULL_SWEEPS = os.environ.get("COMPANION_FULL_SWEEPS") == "1"
+
+
+def sweep_size(full: int) -> int:
+    """How many random cases an oracle sweep draws: ``full`` under ``COMPANION_FULL_SWEEPS=1``, half otherwise."""
+    return full if FULL_SWEEPS else max(1, full // 2)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Under pytest-xdist (CI runs one worker per core) each worker and the notebook kernels it
     # starts use one thread: two workers with two OpenMP threads each on two cores wait on each

@@ -15,9 +15,10 @@ import torch
 from companion import certificate, tree_certificate
 from companion.oracle import brute_force_tree_certificate, rejected_tokens
 from companion.targets import random_targets
+from tests.conftest import sweep_size
 from tests.tie_oracle import worst_certificate, worst_rejected_tokens, worst_tree_certificate
 
-N_TARGETS = 200
+N_TARGETS = sweep_size(200)   # random targets per case (100 unless COMPANION_FULL_SWEEPS=1)
 RTOL = 1e-6
 # SLSQP's stopping rule works on the objective's absolute change (ftol 1e-15), so near-tie
 # certificates of order 1e-9 and below are compared on an absolute scale.
@@ -108,7 +109,7 @@ def test_tree_certificate_matches_oracle(m: int, divergence: str) -> None:
         if not (_agree(level, oracle_level) and _agree(worst, oracle_worst)):
             bad.append((p.tolist(), (worst, oracle_worst), (level, oracle_level)))
     assert not bad, f"{len(bad)} disagreements, first (p, (worst, oracle), (level-set, oracle)): {bad[0]}"
-    assert tied >= 20
+    assert tied >= N_TARGETS // 10   # ties occur: every third target has one (20 of 200 at least)
 
 
 def test_batched_equals_rowwise() -> None:

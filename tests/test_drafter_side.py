@@ -34,6 +34,7 @@ from companion.oracle import brute_force_drafter_certificate as slsqp_certificat
 from companion.oracle import exhaustive_drafter_typical
 from companion.summary import normalized_probabilities
 from companion.targets import random_targets
+from tests.conftest import sweep_size
 
 SPECS = [
     "greedy",
@@ -102,8 +103,9 @@ def test_matches_slsqp_oracle(spec: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", SPECS)
 def test_matches_slsqp_oracle_many(spec: str) -> None:
-    worst = _check_oracle(spec, 40)
-    print(f"{spec}: max |ours - SLSQP| = {worst:.2e}")
+    n = sweep_size(40)
+    worst = _check_oracle(spec, n)
+    print(f"{spec}: {n} drafters, max |ours - SLSQP| = {worst:.2e}")
 
 
 def test_oracle_is_not_vacuous() -> None:
@@ -362,9 +364,10 @@ def test_typical_never_above_exhaustive_search(eps: float, delta: float) -> None
 @pytest.mark.slow
 @pytest.mark.parametrize("eps,delta", TYPICAL_REGIMES)
 def test_typical_never_above_exhaustive_search_many(eps: float, delta: float) -> None:
-    q = _v3_drafters(300, seed=zlib.crc32(f"many {eps},{delta}".encode()))
+    n = sweep_size(300)
+    q = _v3_drafters(n, seed=zlib.crc32(f"many {eps},{delta}".encode()))
     above, below = _check_typical_exhaustive(q, eps, delta)
-    print(f"typical:{eps},{delta}: 300 drafters, max ours - search {above:.2e}, max search - ours {below:.2e}")
+    print(f"typical:{eps},{delta}: {n} drafters, max ours - search {above:.2e}, max search - ours {below:.2e}")
 
 
 @pytest.mark.parametrize("q,eps,delta", TYPICAL_HARD)

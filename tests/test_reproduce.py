@@ -91,6 +91,8 @@ def test_ci_profile_is_the_cpu_profile_at_smaller_sizes_with_one_shared_harvest(
     ch10 = {**{k: v.value for k, v in declared["10_decode_time"].items()}, **ci.notebooks["10_decode_time"]}
     shared = ch10["n_eval_prompts"] + ch10["n_calibration_prompts"]
     assert ci.notebooks["07_paper_evaluation"]["n_prompts"] == ci.notebooks["08_real_drafter"]["n_prompts"] == shared
+    assert ci.notebooks["07_paper_evaluation"]["n_steps"] == ci.notebooks["08_real_drafter"]["n_steps"] \
+        == ch10["max_new_tokens"]
 
 
 def test_unknown_profile_lists_the_known_ones() -> None:
@@ -458,7 +460,7 @@ def test_list_shows_defaults_and_comments(make_project, capsys) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[:4] == ["01_a", "    seed = 0", "    n_points = 3  # points on the curve",
                        "02_not_written  (notebook not written yet)"]
-    assert out[-1] == "profiles: cpu, full, gpu"
+    assert out[-1] == "profiles: ci, cpu, full, gpu"
 
 
 # --- README, environment.yml and requirements.txt stay in sync with the code -----------------
