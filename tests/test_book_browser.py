@@ -5,13 +5,16 @@ elements present, no raw TeX left in the text), every image loaded, no failed re
 request to any other host, figures and tables numbered and captioned, and no sideways scroll
 at a desktop width (1280 px) or a phone's (390 px): ``document.scrollingElement.scrollWidth``
 stays within the window, tables and long formulas scrolling inside their own boxes. A
-full-page screenshot of each page at each width goes to ``_build/screenshots/``.
+full-page screenshot of each page at each width goes to ``_build/screenshots/`` for a person to
+look at; CI, where nobody does, skips them (``COMPANION_SCREENSHOTS=1`` takes them there too,
+``=0`` skips them anywhere).
 """
 from __future__ import annotations
 
 import functools
 import http.server
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +68,7 @@ async () => {
   const untitled = Array.from(article.querySelectorAll('table'))
     .filter(t => !t.closest('.companion-parameters, dl.py') && !t.matches('.genindextable, .indextable, .modindextable'))
     .filter(t => !t.querySelector('caption .caption-number'))
-    .map(t => (t.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 60));
+    .map(t => (t.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 60));
   // Sideways scroll of the whole page, and the element that reaches furthest right.
   const pageWidth = document.scrollingElement.scrollWidth;
   let widest = '';
@@ -85,8 +88,8 @@ async () => {
       if (r.width > 0 && r.right > bestRight && !clipped(e)) { best = e; bestRight = r.right; }
     });
     if (best) {
-      widest = best.tagName.toLowerCase() + (best.className && typeof best.className === 'string' ? '.' + best.className.trim().split(/\s+/).join('.') : '')
-               + ' right edge ' + Math.round(bestRight) + 'px: ' + (best.textContent || '').replace(/\s+/g, ' ').trim().slice(0, 80);
+      widest = best.tagName.toLowerCase() + (best.className && typeof best.className === 'string' ? '.' + best.className.trim().split(/\\s+/).join('.') : '')
+               + ' right edge ' + Math.round(bestRight) + 'px: ' + (best.textContent || '').replace(/\\s+/g, ' ').trim().slice(0, 80);
     }
   }
   // Figures: images in the article outside a numbered, captioned <figure>.
@@ -176,11 +179,14 @@ def book_pages(html: Path) -> list[str]:
 
 
 WIDTHS = (1280, 390)   # a desktop window and a phone (iPhone 12 to 15 width, in CSS pixels)
+# Full-page screenshots of the whole book: for people, so not in CI (see the module docstring).
+SCREENSHOTS = os.environ.get("COMPANION_SCREENSHOTS", "0" if os.environ.get("CI") else "1") == "1"
 
 
-def check_in_browser(html: Path, base_url: str, screenshots: Path, width: int = 1280) -> BrowserReport:
+def check_in_browser(html: Path, base_url: str, screenshots: Path, width: int = 1280, *,
+                     shots: bool = True) -> BrowserReport:
     """Open every page of the book at ``base_url`` in headless Chromium, ``width`` CSS pixels
-    wide, and report."""
+    wide, and report; with ``shots``, save a full-page screenshot of each in ``screenshots``."""
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
@@ -202,9 +208,10 @@ def check_in_browser(html: Path, base_url: str, screenshots: Path, width: int = 
                 page.wait_for_function("() => Array.from(document.images).every(i => i.complete)")
                 result = page.evaluate(PAGE_PROBE)
                 report.pages[rel] = PageReport(rel, **result)
-                suffix = "" if width == 1280 else f"@{width}"
-                shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + f"{suffix}.png")
-                page.screenshot(path=str(shot), full_page=True, timeout=120_000)   # the API page is long
+                if shots:
+                    suffix = "" if width == 1280 else f"@{width}"
+                    shot = screenshots / (rel.replace("/", "__").removesuffix(".html") + f"{suffix}.png")
+                    page.screenshot(path=str(shot), full_page=True, timeout=120_000)   # the API page is long
         finally:
             browser.close()
     return report
@@ -246,7 +253,8 @@ def test_built_book_in_browser(built_book: Path, serve, width: int) -> None:
     image, stays on localhost, never scrolls sideways, and numbers its figures and tables."""
     from companion.book.record import load_record
 
-    report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots", width)
+    report = check_in_browser(built_book, serve(built_book), built_book.parent / "screenshots", width,
+                              shots=SCREENSHOTS)
     assert "book/intro.html" in report.pages and "book/api.html" in report.pages
     record = load_record(built_book.parent / "run-record.json")
     notebook_pages = [f"notebooks/{name}.html" for name in record.chapters
