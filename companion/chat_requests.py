@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import random
 import statistics
 import sys
@@ -75,6 +74,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from companion import atomic
 from companion.assets import CHAT_REQUESTS_DIR
 from companion.prompts import Prompt, dumps_prompts
 
@@ -1187,12 +1187,6 @@ def asset_order(requests: Sequence[ChatRequest], seed: int = 0) -> list[ChatRequ
     return default_subset(requests, held, seed) + [r for r in requests if r.split == "train"]
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m companion.chat_requests --tokenizer DIR [--out FILE]``: write the canonical prompt file."""
     parser = argparse.ArgumentParser(prog="python -m companion.chat_requests",
@@ -1224,7 +1218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts = build_prompt_set(tokenizer, asset_order(chat_requests()))
     except ValueError as err:
         return fail(str(err))
-    _write_atomically(args.out, dumps_prompts(prompts))
+    atomic.write_text(args.out, dumps_prompts(prompts))
     lengths = [p.n_tokens for p in prompts]
     held = sum(p.source.endswith(":heldout") for p in prompts)
     print(f"wrote {args.out}: {len(prompts)} prompts ({held} held out), templated tokens min {min(lengths)}, "

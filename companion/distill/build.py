@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from companion import atomic
 from companion.distill.config import DrafterConfig
 from companion.distill.data import harvest_answers, load_examples
 from companion.devices import torch_threads
@@ -111,13 +112,7 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
         }
         manifest["files_sha256"] = file_hashes(staging)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        old = None
-        if out.exists():
-            old = out.with_name(out.name + f".old-{os.getpid()}")
-            os.replace(out, old)
-        os.replace(staging, out)
-        if old is not None:
-            shutil.rmtree(old)
+        atomic.replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -36,6 +36,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from companion import atomic
+
 FORMAT = "companion-harvest/1"
 MANIFEST = "manifest.json"
 SHARD_DIR = "shards"
@@ -150,23 +152,9 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "
 # Atomic files
 
 
-def atomic_write_bytes(path: Path, data: bytes, tag: str = "") -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder, fsync and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp{tag}-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode())
+    """``obj`` as indented JSON in ``path``, written atomically (:func:`companion.atomic.write_bytes`)."""
+    atomic.write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n").encode())
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict[str, Any]:

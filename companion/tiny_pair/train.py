@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from companion import atomic
 from companion.tiny_pair import chat_corpus as chat_mod
 from companion.tiny_pair import corpus as corpus_mod
 from companion.tiny_pair.config import ModelSpec, StageSpec, TrainConfig
@@ -258,18 +259,6 @@ def _save_model(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, pat
     tokenizer.save_pretrained(path)  # each model folder is self-contained
 
 
-def atomic_replace_dir(staging: Path, out_dir: Path) -> None:
-    """Move a finished ``staging`` folder to ``out_dir``, replacing any previous one with two renames."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
-        os.replace(out_dir, old)
-    os.replace(staging, out_dir)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def build_pair(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -296,7 +285,7 @@ def build_pair(
         result = _build_into(cfg, staging, progress=progress, stdlib=stdlib, log=log,
                              reuse_target=Path(reuse_target).resolve() if reuse_target is not None else None,
                              checkpoint_dir=Path(checkpoint_dir).resolve() if checkpoint_dir is not None else None)
-        atomic_replace_dir(staging, out_dir)
+        atomic.replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
