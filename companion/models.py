@@ -22,6 +22,7 @@ import torch
 from huggingface_hub.errors import HFValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from companion import shortlist_llama  # noqa: F401  (registers SmolLM2's drafter class with the Auto classes)
 from companion import smollm2
 from companion.assets import DEFAULT_PAIR_DIR as ASSET_DIR
 from companion.devices import resolve_device
@@ -46,14 +47,15 @@ _CLOSED_WORLD = PairSpec(
 _PRESETS: dict[str, PairSpec] = {"closed-world": _CLOSED_WORLD, "default": _CLOSED_WORLD}
 
 
-def _smollm2_spec() -> PairSpec:
+def _smollm2_spec(with_drafter: bool = True) -> PairSpec:
     folder = smollm2.ensure_converted()
-    drafter = smollm2.drafter_dir(folder, vocabulary_sha256(load_tokenizer(folder)))
+    drafter = smollm2.drafter_dir(folder, vocabulary_sha256(load_tokenizer(folder))) if with_drafter else None
     return PairSpec(target=str(folder), drafter=str(drafter) if drafter else None, tokenizer=str(folder))
 
 
-#: Presets whose folders are made on first use (name -> a function that makes them and names them).
-_LAZY_PRESETS: dict[str, Callable[[], PairSpec]] = {"smollm2": _smollm2_spec}
+#: Presets whose folders are made on first use (name -> a function that makes them and names them;
+#: ``with_drafter=False`` makes the target's alone).
+_LAZY_PRESETS: dict[str, Callable[..., PairSpec]] = {"smollm2": _smollm2_spec}
 
 
 class WeightsUnavailableError(OSError):
@@ -75,14 +77,16 @@ def preset_names() -> list[str]:
     return sorted({*_PRESETS, *_LAZY_PRESETS})
 
 
-def resolve_preset(name: str) -> PairSpec | None:
+def resolve_preset(name: str, *, with_drafter: bool = True) -> PairSpec | None:
     """The parts of the preset ``name`` (making them first for a lazy preset), or None if it is no preset.
 
-    Raises :class:`WeightsUnavailableError` when a lazy preset's files cannot be made here.
+    ``with_drafter=False``: a lazy preset's drafter is neither made nor checked (its ``drafter`` is
+    then None), for callers that load the target alone. Raises :class:`WeightsUnavailableError`
+    when a lazy preset's files cannot be made here.
     """
     if name in _LAZY_PRESETS:
         try:
-            return _LAZY_PRESETS[name]()
+            return _LAZY_PRESETS[name](with_drafter=with_drafter)
         except smollm2.SmolLM2Unavailable as err:
             raise WeightsUnavailableError(str(err)) from err
     return _PRESETS.get(name)
@@ -263,7 +267,8 @@ def load_pair(
     offline.
     """
     target_name = os.fspath(target)
-    spec = resolve_preset(target_name)
+    # The preset's drafter is made (and its files checked) only when it is the one asked for.
+    spec = resolve_preset(target_name, with_drafter=drafter is None)
     if spec is not None:
         target_name = spec.target
         drafter = drafter if drafter is not None else spec.drafter

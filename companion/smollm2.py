@@ -242,11 +242,13 @@ def _drafter_asset_dir() -> Path:
 def drafter_dir(target_folder: Path, vocabulary_sha256: str, *, root: Path | None = None) -> Path | None:
     """A loadable folder of the committed drafter (``companion build-drafter``), or None if none is committed.
 
-    The committed folder holds the drafter's weights and config but no tokenizer: its manifest
-    records the sha256 of the vocabulary it was trained on, which must be ``vocabulary_sha256``
-    (the converted target tokenizer's), and the sha256 of each of its files, which are checked.
-    The folder returned is a cache folder holding those files and the target's tokenizer files,
-    so that it loads like any ``save_pretrained`` folder.
+    The committed folder holds the drafter's config and every weight but its input embedding,
+    which is the target's, and no tokenizer: its manifest records the sha256 of the vocabulary it
+    was trained on, which must be ``vocabulary_sha256`` (the converted target tokenizer's), and
+    the sha256 of each of its files, which are checked. The folder returned is a cache folder
+    (named after the drafter's weights and the target's conversion) holding the config, the
+    weights with the target's embedding added in the drafter's dtype, and the target's tokenizer
+    files, so that it loads like any ``save_pretrained`` folder.
     """
     asset = _drafter_asset_dir()
     manifest_path = asset / "manifest.json"
@@ -267,7 +269,8 @@ def drafter_dir(target_folder: Path, vocabulary_sha256: str, *, root: Path | Non
     if not weights:
         raise SmolLM2Unavailable(f"{manifest_path} lists no model.safetensors")
     root = root or cache_root()
-    folder = root / f"smollm2-drafter-{weights[:16]}"
+    # Named after both parts: the drafter's own weights and the conversion its embedding comes from.
+    folder = root / f"smollm2-drafter-{weights[:16]}-{GGUF_SHA256[:8]}v{CONVERSION_VERSION}"
     if (folder / _RECORD).is_file():
         return folder
     for name, digest in files.items():
@@ -283,7 +286,10 @@ def drafter_dir(target_folder: Path, vocabulary_sha256: str, *, root: Path | Non
         try:
             tmp.mkdir(parents=True)
             for name in files:
-                shutil.copyfile(asset / name, tmp / name)
+                if name != "model.safetensors":
+                    shutil.copyfile(asset / name, tmp / name)
+            _assemble_weights(asset / "model.safetensors", target_folder / "model.safetensors",
+                              tmp / "model.safetensors")
             for f in sorted(target_folder.iterdir()):
                 if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
                     shutil.copyfile(f, tmp / f.name)
@@ -294,6 +300,24 @@ def drafter_dir(target_folder: Path, vocabulary_sha256: str, *, root: Path | Non
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return folder
+
+
+def _assemble_weights(own: Path, target_weights: Path, out: Path) -> None:
+    """``own``'s tensors plus the target's input embedding (cast to their dtype), as one safetensors file."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from companion.shortlist_llama import SHARED_EMBEDDING_KEY
+
+    tensors = load_file(own)
+    if SHARED_EMBEDDING_KEY in tensors:
+        raise SmolLM2Unavailable(f"{own} holds its own {SHARED_EMBEDDING_KEY}; the drafter shares the target's")
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) != 1:
+        raise SmolLM2Unavailable(f"{own} mixes dtypes {sorted(map(str, dtypes))}; a drafter is saved in one")
+    with safe_open(str(target_weights), framework="pt") as f:
+        tensors[SHARED_EMBEDDING_KEY] = f.get_tensor(SHARED_EMBEDDING_KEY).to(dtypes.pop()).contiguous()
+    save_file(tensors, str(out), metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from companion import cli
 from companion.distill.config import DrafterConfig, apply_overrides
 from companion.distill.data import harvest_answers, load_examples
 from companion.distill.train import agreement, batch_plan, coarse_kl, make_drafter, train
-from companion.harvest.toy import toy_pair
+from companion.harvest.toy import byte_tokenizer
 from companion.prompts import Prompt
 
 TEXTS = ["def f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n", "import os\nprint(os.sep)\n",
@@ -26,17 +27,29 @@ TEXTS = ["def f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n", 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def toy_llama(vocab: int = 384, hidden: int = 48, layers: int = 3) -> LlamaForCausalLM:
+    """A random Llama target with tied embeddings, as SmolLM2 has (the drafter copies Llama layers)."""
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=0, pad_token_id=1, bos_token_id=None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(40.0)  # peaked distributions, so that greedy answers vary
+    return model.eval()
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    target, _, tok = toy_pair(vocab=384, hidden=48, layers=2)
+    target, tok = toy_llama(), byte_tokenizer()
     prompts = [Prompt(f"p{i}", t, -1, "test") for i, t in enumerate(TEXTS)]
     out = tmp_path_factory.mktemp("answers") / "answers"
     harvest_answers(target, tok, prompts, out, answer_steps=12, batch_size=3, progress=False)
     return target, tok, load_examples(out, tok, prompts)
 
 
-SMALL = DrafterConfig(hidden_size=16, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
-                      num_key_value_heads=1, epochs=3, batch_size=2, warmup_steps=2, lr=1e-2, checkpoint_every=2)
+SMALL = DrafterConfig(init_layers="2,0", shortlist_size=200, epochs=3, batch_size=2, warmup_steps=2, lr=1e-2,
+                      checkpoint_every=2)
 
 
 def test_coarse_kl_is_the_kl_of_the_coarsened_distributions() -> None:
@@ -122,19 +135,43 @@ def test_a_checkpoint_of_another_recipe_is_refused(toy, tmp_path) -> None:
               progress=False)
 
 
-def test_the_embedding_starts_from_the_targets_principal_directions(toy) -> None:
-    target, _, _ = toy
+def test_the_drafter_starts_as_the_chosen_layers_of_the_target_with_its_embedding_frozen(toy) -> None:
+    target, tok, examples = toy
     d = make_drafter(SMALL, target)
-    emb = target.get_input_embeddings().weight.double()
-    got = d.get_input_embeddings().weight.double()
-    # Its columns span the target embedding's leading right-singular directions: projecting back loses
-    # exactly the energy of the others.
-    _, s, vh = torch.linalg.svd(emb, full_matrices=False)
-    k = SMALL.hidden_size
-    coef = torch.linalg.lstsq(got, emb @ vh[:k].T).solution
-    assert torch.allclose(got @ coef, emb @ vh[:k].T, atol=1e-6)
-    assert got.std().item() == pytest.approx(d.config.initializer_range, rel=1e-4)
-    assert d.config.vocab_size == target.config.vocab_size and d.config.tie_word_embeddings
+    for mine, theirs in zip(d.model.layers, (2, 0)):
+        ref = target.model.layers[theirs].state_dict()
+        assert all(torch.equal(v, ref[k]) for k, v in mine.state_dict().items())
+    assert torch.equal(d.model.norm.weight, target.model.norm.weight)
+    emb = target.get_input_embeddings().weight
+    assert torch.equal(d.model.embed_tokens.weight, emb) and not d.model.embed_tokens.weight.requires_grad
+    # Training moves the layers, never the shared embedding (it is not stored with the drafter).
+    layer_before = d.model.layers[0].mlp.up_proj.weight.clone()
+    train(d, examples[:2], dataclasses.replace(SMALL, epochs=1), checkpoint=None, pad_id=tok.pad_token_id,
+          progress=False)
+    assert torch.equal(d.model.embed_tokens.weight, emb)
+    assert not torch.equal(d.model.layers[0].mlp.up_proj.weight, layer_before)
+
+
+def test_every_layer_in_order_and_a_full_shortlist_is_the_target_itself(toy) -> None:
+    """An oracle for the copying and the head: all of the target's layers, in order, scoring every id."""
+    target, _, examples = toy
+    cfg = dataclasses.replace(SMALL, init_layers="0,1,2", shortlist_size=target.config.vocab_size)
+    d = make_drafter(cfg, target).eval()
+    ids = examples[0].ids[None]
+    with torch.no_grad():
+        assert torch.allclose(d(ids).logits, target(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_the_drafter_recipe_refuses_a_target_it_cannot_copy(toy) -> None:
+    target, _, _ = toy
+    with pytest.raises(ValueError, match=r"init_layers '0,3': the target has layers 0 to 2"):
+        make_drafter(dataclasses.replace(SMALL, init_layers="0,3"), target)
+    with pytest.raises(ValueError, match="shortlist_size 999 is larger than the target's vocabulary"):
+        make_drafter(dataclasses.replace(SMALL, shortlist_size=999), target)
+    from companion.harvest.toy import toy_target
+
+    with pytest.raises(ValueError, match="copies the layers of a Llama target; this target is a qwen3"):
+        make_drafter(SMALL, toy_target(vocab=384, hidden=48, layers=2))
 
 
 @pytest.mark.parametrize("override,message", [
@@ -142,9 +179,11 @@ def test_the_embedding_starts_from_the_targets_principal_directions(toy) -> None
     ("lr=nan", "lr must be a finite number"),
     ("lr=-1", "lr must be a finite number"),
     ("save_dtype=int8", "save_dtype must be one of bfloat16, float16, float32, got 'int8'"),
-    ("hidden_size=abc", "--set hidden_size=abc: expected int"),
+    ("shortlist_size=abc", "--set shortlist_size=abc: expected int"),
+    ("shortlist_size=0", "shortlist_size must be a whole number >= 1, got 0"),
+    ("init_layers=0,0", "init_layers must be distinct layer numbers >= 0 separated by commas"),
+    ("init_layers=first", "init_layers must be distinct layer numbers >= 0 separated by commas"),
     ("seed=99999999999999999999999", "seed must be a whole number >= 0 and < 2**63"),
-    ("num_attention_heads=5", "hidden_size (192) must be a multiple of num_attention_heads (5)"),
     ("bogus=1", "--set bogus: no such knob"),
 ])
 def test_bad_recipe_knobs_are_one_line_before_any_work(override, message, tmp_path, capsys) -> None:
@@ -166,10 +205,11 @@ def test_build_drafter_refuses_an_out_that_is_a_file(tmp_path, capsys) -> None:
 
 
 def test_default_recipe_fits_the_asset_budget() -> None:
-    """The committed drafter is at most 25 MB: parameters x bytes of the save dtype."""
+    """The committed drafter is at most 25 MB: its own parameters (SmolLM2's layer shape) x bytes of the save dtype."""
+    from companion.distill.config import init_layer_list
+
     cfg = DrafterConfig()
-    v, h, f, layers = 49152, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    head_dim = h // cfg.num_attention_heads
-    per_layer = h * h * 2 + 2 * h * cfg.num_key_value_heads * head_dim + 3 * h * f + 2 * h
-    params = v * h + layers * per_layer + h
+    h, f, heads, kv, head_dim = 576, 1536, 9, 3, 64  # SmolLM2-135M-Instruct's config.json
+    per_layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * f + 2 * h
+    params = len(init_layer_list(cfg)) * per_layer + h + 1
     assert params * 2 <= 25e6, f"{params:,} parameters in bfloat16 is {params * 2 / 1e6:.1f} MB"

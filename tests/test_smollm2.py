@@ -213,7 +213,12 @@ def test_the_preset_brings_the_committed_drafter() -> None:
     target, drafter, tok = load_pair("smollm2", device="cpu")
     manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
     assert drafter is not None and drafter.config.vocab_size == target.config.vocab_size
-    assert sum(p.numel() for p in drafter.parameters()) == manifest["drafter"]["params"]
+    assert drafter.own_parameters() == manifest["drafter"]["params"]
+    # Its embedding is the target's (not stored with the drafter), in the drafter's saved dtype.
+    emb = target.get_input_embeddings().weight
+    assert drafter.model.embed_tokens.weight.numel() == manifest["drafter"]["shared_embedding_params"] == emb.numel()
+    assert torch.equal(drafter.model.embed_tokens.weight,
+                       emb.to(getattr(torch, manifest["recipe"]["save_dtype"])).to(drafter.dtype))
     assert vocabulary_sha256(tok) == manifest["vocabulary_sha256"]
     assert sum(f.stat().st_size for f in SMOLLM2_DRAFTER_DIR.iterdir()) <= 25_000_000, "assets at most 25 MB"
 
@@ -231,3 +236,23 @@ def test_a_drafter_of_another_vocabulary_is_refused(monkeypatch, tmp_path) -> No
         smollm2.drafter_dir(smollm2.ensure_converted(progress=False), "1" * 64, root=tmp_path / "cache")
     with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
         load_pair("smollm2", device="cpu")
+    # The target alone never reads the drafter's files.
+    target, none, _ = load_pair("smollm2", False, device="cpu")
+    assert none is None and target.config.num_hidden_layers == 30
+
+
+def test_a_drafter_asset_with_its_own_embedding_is_refused(monkeypatch, tmp_path) -> None:
+    """The committed drafter shares the target's embedding; an asset that brings one is not what was built."""
+    from safetensors.torch import save_file
+
+    fake = tmp_path / "drafter"
+    fake.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2, dtype=torch.bfloat16),
+               "model.norm.weight": torch.ones(2, dtype=torch.bfloat16)}, str(fake / "model.safetensors"))
+    manifest = {"vocabulary_sha256": "1" * 64,
+                "files_sha256": {"model.safetensors": smollm2.file_sha256(fake / "model.safetensors")}}
+    (fake / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(smollm2, "_drafter_asset_dir", lambda: fake)
+    with pytest.raises(smollm2.SmolLM2Unavailable, match="holds its own model.embed_tokens.weight"):
+        smollm2.drafter_dir(smollm2.ensure_converted(progress=False), "1" * 64, root=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("smollm2-drafter-*")), "nothing half-assembled is left in the cache"

@@ -3,16 +3,18 @@
 Stages: (1) the target's greedy answers to the training split of the chat requests (a harvest
 in ``<checkpoint-dir>/answers``, resumed shard by shard); (2) training (a checkpoint every
 ``checkpoint_every`` steps in ``<checkpoint-dir>/train.pt``); (3) the drafter's folder:
-``config.json``, ``generation_config.json``, ``model.safetensors`` (in ``save_dtype``) and
-``manifest.json`` (recipe, data, training curve, agreement on a validation share of the
-training split, package versions, sha256 of every file). The folder is written beside ``out``
+``config.json``, ``generation_config.json``, ``model.safetensors`` (in ``save_dtype``, every
+weight but the input embedding, which is the target's) and ``manifest.json`` (recipe, data,
+training curve, agreement on a validation share of the training split, package versions,
+sha256 of every file). The folder is written beside ``out``
 and renamed into place at the end, so an interrupted build leaves the previous one intact.
 
 The held-out split is never read here: the book measures the drafter on it.
 
-The folder holds no tokenizer (it would add 3.5 MB to 20): its manifest records the sha256 of
-the vocabulary it was trained on, and :func:`companion.smollm2.drafter_dir` refuses it unless
-the converted target's tokenizer has that very vocabulary.
+The folder holds no tokenizer (3.5 MB) and no embedding (57 MB in bfloat16): its manifest
+records the sha256 of the vocabulary it was trained on, and :func:`companion.smollm2.drafter_dir`
+refuses it unless the converted target's tokenizer has that very vocabulary; it then assembles
+a loadable folder from these files, the target's embedding and the target's tokenizer.
 """
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ from typing import Any, Callable
 import torch
 
 from companion import atomic
-from companion.distill.config import DrafterConfig
+from companion.distill.config import DrafterConfig, init_layer_list
 from companion.distill.data import harvest_answers, load_examples
 from companion.devices import torch_threads
 from companion.distill.train import agreement, make_drafter, train
+from companion.shortlist_llama import SHARED_EMBEDDING_KEY
 
 MANIFEST_NAME = "manifest.json"
 #: Share of the training split's requests (the last ones, in the set's order) kept out of training
@@ -91,15 +94,23 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     staging.chmod(0o755)
     try:
-        saved.save_pretrained(staging, safe_serialization=True)
-        n_params = sum(p.numel() for p in model.parameters())
+        # Everything but the embedding, which is the target's (frozen in training): the loader adds it back
+        # from the converted target (companion.smollm2.drafter_dir), which keeps the asset within 25 MB.
+        own = {k: v for k, v in saved.state_dict().items() if k != SHARED_EMBEDDING_KEY}
+        saved.save_pretrained(staging, safe_serialization=True, state_dict=own)
+        n_params = model.own_parameters()
         target_params = sum(p.numel() for p in target.parameters())
         manifest = {
-            "what": "SmolLM2-135M-Instruct's drafter, distilled from the target's greedy answers (forward KL on its "
-                    "top-64 distribution) to the training split of the project's chat requests",
+            "what": "SmolLM2-135M-Instruct's drafter: the target's embedding (shared, not stored here), copies of "
+                    "its layers " + cfg.init_layers + " and its final norm, and an output head over the first "
+                    f"{cfg.shortlist_size} ids, distilled from the target's greedy answers (forward KL on its top-64 "
+                    "distribution) to the training split of the project's chat requests",
             "recipe": cfg.to_dict(),
             "target": {"preset": "smollm2", "params": target_params},
-            "drafter": {"params": n_params, "layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size},
+            "drafter": {"params": n_params, "layers": model.config.num_hidden_layers,
+                        "hidden_size": model.config.hidden_size, "init_layers": init_layer_list(cfg),
+                        "shortlist_size": cfg.shortlist_size,
+                        "shared_embedding_params": model.model.embed_tokens.weight.numel()},
             "vocabulary_sha256": vocabulary_sha256(tok),
             "data": {"prompt_set": "chat-requests-train", "requests": len(prompts), "fit_requests": len(fit),
                      "validation_requests": len(val), "fit_steps": sum(e.n_answer for e in fit),
@@ -116,7 +127,7 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    log(f"drafter: {n_params / 1e6:.2f}M parameters; greedy agreement {val_agree['greedy_agreement']:.1%} on "
+    log(f"drafter: {n_params / 1e6:.2f}M parameters of its own; greedy agreement {val_agree['greedy_agreement']:.1%} on "
         f"{val_agree['steps']} validation steps; written to {out} in {manifest['seconds']:.0f} s")
     return manifest
 

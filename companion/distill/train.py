@@ -20,41 +20,53 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from companion.distill.config import DrafterConfig
+from companion.distill.config import DrafterConfig, init_layer_list
 from companion.distill.data import Example
+from companion.shortlist_llama import ShortlistLlamaConfig, ShortlistLlamaForCausalLM
 
 
-def make_drafter(cfg: DrafterConfig, target: Any) -> LlamaForCausalLM:
-    """A ``LlamaForCausalLM`` of the recipe's shape, with the target's vocabulary, positions and special tokens.
+def make_drafter(cfg: DrafterConfig, target: Any) -> ShortlistLlamaForCausalLM:
+    """The recipe's drafter for ``target``: the target's width, embedding, chosen layers and final norm.
 
-    Layers are initialised from the seed. The tied embedding starts as the target's embedding
-    projected onto its ``hidden_size`` leading principal directions (``E V_k``, ``V_k`` the top
-    right-singular vectors of the target's embedding ``E``, each signed so that its largest
-    entry is positive, scaled to the initialiser's standard deviation), so that the drafter's
-    output head starts with the geometry of the target's, restricted to that subspace.
+    A :class:`~companion.shortlist_llama.ShortlistLlamaForCausalLM` with the target's vocabulary,
+    width, attention and MLP shapes, positions and special tokens; its ``i``-th layer is a copy
+    of the target's layer ``init_layers[i]``, its final norm a copy of the target's. The input
+    embedding is the target's own values, frozen (``requires_grad=False``): the drafter shares it
+    and only the layers, the norm and the head's one logit for the ids past the shortlist are
+    trained (that logit starts at -10, far below the shortlist's, so that training starts from
+    the distribution of the shortlist alone). Starting from trained layers rather than random ones is what lets
+    a few hundred answers teach a small model anything: its attention and MLPs already compute
+    the target's lowest-level features.
     """
     tc = target.config
-    config = LlamaConfig(
-        vocab_size=tc.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
+    if tc.model_type != "llama":
+        raise ValueError(f"make_drafter copies the layers of a Llama target; this target is a {tc.model_type}")
+    layers = init_layer_list(cfg)
+    n_layers = tc.num_hidden_layers
+    if max(layers) >= n_layers:
+        raise ValueError(f"init_layers {cfg.init_layers!r}: the target has layers 0 to {n_layers - 1}")
+    if cfg.shortlist_size > tc.vocab_size:
+        raise ValueError(f"shortlist_size {cfg.shortlist_size} is larger than the target's vocabulary ({tc.vocab_size})")
+    config = ShortlistLlamaConfig(
+        shortlist_size=cfg.shortlist_size, vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+        intermediate_size=tc.intermediate_size, num_hidden_layers=len(layers),
+        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
         max_position_embeddings=tc.max_position_embeddings, rope_theta=tc.rope_theta, rms_norm_eps=tc.rms_norm_eps,
-        tie_word_embeddings=True, bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
-        pad_token_id=tc.pad_token_id, hidden_act=tc.hidden_act, attention_bias=False, mlp_bias=False,
+        bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+        hidden_act=tc.hidden_act, attention_bias=getattr(tc, "attention_bias", False),
+        mlp_bias=getattr(tc, "mlp_bias", False), rope_scaling=getattr(tc, "rope_scaling", None),
     )
     torch.manual_seed(cfg.seed)
-    model = LlamaForCausalLM(config)
+    model = ShortlistLlamaForCausalLM(config).float()
     with torch.no_grad():
-        emb = target.get_input_embeddings().weight.detach().double()
-        _, _, vh = torch.linalg.svd(emb, full_matrices=False)
-        basis = vh[: cfg.hidden_size]
-        signs = torch.sign(basis.gather(1, basis.abs().argmax(1, keepdim=True)))
-        projected = emb @ (basis * signs).T
-        # Scaled to the initialiser's spread: the target's own scale would start with logits so large
-        # that the first steps only undo them.
-        model.get_input_embeddings().weight.copy_((projected * (config.initializer_range / projected.std())).float())
+        model.model.embed_tokens.weight.copy_(target.get_input_embeddings().weight.float())
+        for mine, theirs in zip(model.model.layers, layers):
+            mine.load_state_dict({k: v.float() for k, v in target.model.layers[theirs].state_dict().items()})
+        model.model.norm.load_state_dict({k: v.float() for k, v in target.model.norm.state_dict().items()})
+        model.lm_head.rest_logit.fill_(-10.0)
+    model.model.embed_tokens.weight.requires_grad_(False)
     model.generation_config.eos_token_id = target.generation_config.eos_token_id
     model.generation_config.pad_token_id = target.generation_config.pad_token_id
     model.generation_config.bos_token_id = target.generation_config.bos_token_id
@@ -91,7 +103,7 @@ def batch_tensors(examples: list[Example], pad_id: int) -> dict[str, torch.Tenso
             "tail": torch.cat([e.tail for e in examples])}
 
 
-def answer_logits(model: LlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def answer_logits(model: ShortlistLlamaForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The drafter's logits at the answer steps only (the head over 49,152 tokens is its costliest part)."""
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     return model.lm_head(hidden[batch["rows"], batch["cols"]])
@@ -119,7 +131,7 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def train(model: LlamaForCausalLM, examples: list[Example], cfg: DrafterConfig, *, checkpoint: Path | None,
+def train(model: ShortlistLlamaForCausalLM, examples: list[Example], cfg: DrafterConfig, *, checkpoint: Path | None,
           pad_id: int, progress: bool, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Fit ``model`` to ``examples``; resumes from ``checkpoint`` (saved every ``cfg.checkpoint_every`` steps).
 
@@ -173,7 +185,7 @@ def train(model: LlamaForCausalLM, examples: list[Example], cfg: DrafterConfig, 
 
 
 @torch.no_grad()
-def agreement(model: LlamaForCausalLM, examples: list[Example], pad_id: int, batch_size: int = 8) -> dict[str, float]:
+def agreement(model: ShortlistLlamaForCausalLM, examples: list[Example], pad_id: int, batch_size: int = 8) -> dict[str, float]:
     """Along the target's own answers: the share of steps whose drafter argmax is the target's greedy token
     (greedy acceptance, both id-based argmaxes), and the mean coarsened KL."""
     model.eval()

@@ -103,7 +103,10 @@ def resolve_eos(target: Any, tokenizer: Any, eos_token_ids: Sequence[int] | None
 
 
 def _vocab_size(model: Any) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    # out_features: a Linear's rows, or the vocabulary of a shortlist head (companion.shortlist_llama)
+    head = model.get_output_embeddings()
+    rows = getattr(head, "out_features", None)
+    return int(rows) if isinstance(rows, int) else int(head.weight.shape[0])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from companion.speculative.decoder import SpeculativeResult
+from companion.speculative.decoder import SpeculativeResult, logit_count
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def measure_costs(
     for name, value, lo in (("context", context, 1), ("kmax", kmax, 1), ("repeats", repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-    vocab = min(target.get_output_embeddings().weight.shape[0], drafter.get_output_embeddings().weight.shape[0])
+    vocab = min(logit_count(target), logit_count(drafter))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (1, context + kmax + 1), generator=gen)
     caches = {}

@@ -203,7 +203,15 @@ def _check_model(model: Any, what: str) -> int:
     if device is not None and torch.device(device).type == "meta":
         raise ValueError(f"{what} is on the meta device (its weights were never loaded); "
                          "load it with from_pretrained or move it to cpu or cuda")
-    return int(head().weight.shape[0])
+    return logit_count(model)
+
+
+def logit_count(model: Any) -> int:
+    """How many logits a causal LM returns per position: its output head's ``out_features`` (a ``Linear``'s
+    rows, or the vocabulary of a shortlist head, :mod:`companion.shortlist_llama`), else its weight's rows."""
+    head = model.get_output_embeddings()
+    rows = getattr(head, "out_features", None)
+    return int(rows) if isinstance(rows, int) else int(head.weight.shape[0])
 
 
 def _check_ids_in_vocab(ids: list[int], models: Sequence[Any], vocab: int) -> None:
