@@ -36,7 +36,8 @@ def make_drafter(cfg: DrafterConfig, target: Any) -> ShortlistLlamaForCausalLM:
     and only the layers, the norm and the head's one logit for the ids past the shortlist are
     trained (that logit starts at -10, far below the shortlist's, so that training starts from
     the distribution of the shortlist alone). Trained layers are a better start than random ones
-    on a few hundred answers: on 60 held-out answers this drafter agreed with the target on
+    on a few hundred answers: on 60 held-out answers, a drafter from the target's first two layers
+    (200 training steps, an experiment) agreed with the target on
     23.1 % of the steps, the previous one (random layers, width 192) on 16.7 %.
     """
     tc = target.config
