@@ -144,32 +144,38 @@ def _extend_batched(drafter: Any, cache: DynamicCache, n0: int, starts: Sequence
     ``cache`` holds the drafter's keys and values over ``prompt + text`` (one sequence, ``N``
     positions); ``starts`` lists ``(m, d_m, need)``: the chain that diverges at text position ``m``
     continues from the context ``prompt + text[:m] + [d_m]`` for ``need`` more drafts (fewer when
-    it drafts an end-of-sequence token). Every start is one row of a batch that shares the cache:
-    row ``m`` attends to the cached positions before ``n0 + m`` and to its own new positions
-    (``N, N + 1, ...``) through a custom 4-D mask, with position ids ``n0 + m + j``, so it computes
-    what a one-sequence forward over its context would, up to the last bits of a batched
-    reduction. Rows are dropped from the batch as they finish. ``cache`` is consumed.
+    it drafts an end-of-sequence token). All chains grow in the one cached sequence, as the
+    branches of a token tree: each step appends one token per live chain, and a custom 4-D mask
+    lets chain ``m`` see the cached positions before ``n0 + m`` and its own tokens only, at
+    position ids ``n0 + m + j``. So it computes what a one-sequence forward over its context
+    would, up to the last bits of a batched reduction, without copying the cache once per chain
+    (which a batch of chains, one cache row each, spent most of its time doing). ``cache`` is
+    consumed.
     """
     out: dict[int, list[DraftStep]] = {m: [] for m, _, _ in starts}
     live = [(m, need) for m, _, need in starts if need > 0]
     if not live:
         return out
-    tokens = torch.tensor([[d] for m, d, need in starts if need > 0], dtype=torch.long, device=drafter.device)
+    dev = drafter.device
+    tokens = torch.tensor([[d for _, d, need in starts if need > 0]], dtype=torch.long, device=dev)  # [1, chains]
     n_cached = cache.get_seq_length()
-    cache.batch_repeat_interleave(len(live))
     dtype = next(drafter.parameters()).dtype
+    limit = torch.tensor([n0 + m for m, _ in live], device=dev)
+    sees_prefix = torch.arange(n_cached, device=dev)[None, :] < limit[:, None]   # [chains, N]
+    sees_new = torch.zeros((len(live), 0), dtype=torch.bool, device=dev)        # [chains, tokens appended so far]
+    keep_logits = getattr(drafter, "_supports_logits_to_keep", lambda: False)()
     j = 0
     while live:
-        limit = torch.tensor([n0 + m for m, _ in live], device=drafter.device)
-        cols = torch.arange(n_cached + j + 1, device=drafter.device)
-        allowed = (cols[None, :] < limit[:, None]) | (cols[None, :] >= n_cached)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=drafter.device)
+        # this step appends one token per live chain; chain r sees the r-th of them
+        sees_new = torch.cat([sees_new, torch.eye(len(live), dtype=torch.bool, device=dev)], dim=1)
+        allowed = torch.cat([sees_prefix, sees_new], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True}
-        if getattr(drafter, "_supports_logits_to_keep", lambda: False)():
-            kwargs["logits_to_keep"] = 1
-        logits = drafter(input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=(limit + j)[:, None],
-                         **kwargs).logits[:, -1].float()
+        if keep_logits:
+            kwargs["logits_to_keep"] = len(live)
+        logits = drafter(input_ids=tokens, attention_mask=mask[None, None], position_ids=(limit + j)[None, :],
+                         **kwargs).logits[0].float()
         steps, drafted = _steps(logits)
         keep = []
         for row, ((m, need), step) in enumerate(zip(live, steps)):
@@ -180,10 +186,10 @@ def _extend_batched(drafter: Any, cache: DynamicCache, n0: int, starts: Sequence
         if len(keep) < len(live):
             if not keep:
                 break
-            cache.batch_select_indices(torch.tensor(keep, device=drafter.device))
+            rows = torch.tensor(keep, device=dev)
             live = [live[r] for r in keep]
-            drafted = drafted[keep]
-        tokens = drafted[:, None]
+            drafted, limit, sees_prefix, sees_new = drafted[rows], limit[rows], sees_prefix[rows], sees_new[rows]
+        tokens = drafted[None, :]
     return out
 
 
