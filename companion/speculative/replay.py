@@ -283,7 +283,7 @@ def record_chains(
 
         # 3. at every position m where the drafter's greedy token is not the text's, extend the
         # drafter's chain past that draft (every chain that diverges at m continues with it); the
-        # longest chain that diverges at m starts at m itself. All extensions run as one batch.
+        # longest chain that diverges at m starts at m itself. All extensions grow together in one cached sequence.
         starts = [(m, rows[m].token, max(budget(m) - 1, 0)) for m in range(n)
                   if rows[m].token != text[m] and rows[m].token not in eos]
         extensions = _extend_batched(drafter, d_cache, n0, starts, eos)
