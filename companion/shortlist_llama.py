@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel, LlamaPreTrainedModel
 
 MODEL_TYPE = "shortlist_llama"
 #: The state-dict key of the input embedding, which a drafter may share with its target and not store.
@@ -76,7 +76,11 @@ class ShortlistLlamaForCausalLM(LlamaForCausalLM):
     _tied_weights_keys: list[str] = []
 
     def __init__(self, config: ShortlistLlamaConfig) -> None:
-        super().__init__(config)
+        # LlamaForCausalLM.__init__ would allocate and initialise a full V x d head (28M parameters
+        # for SmolLM2) only for it to be replaced; the same three steps with the shortlist head instead.
+        LlamaPreTrainedModel.__init__(self, config)
+        self.model = LlamaModel(config)
+        self.vocab_size = config.vocab_size
         self.lm_head = ShortlistHead(self.model.embed_tokens, config.shortlist_size, config.vocab_size)
         self.post_init()
 
