@@ -36,6 +36,14 @@ MODEL_TYPE = "shortlist_llama"
 SHARED_EMBEDDING_KEY = "model.embed_tokens.weight"
 
 
+def logit_count(model: Any) -> int:
+    """How many logits a causal LM returns per position: its output head's ``out_features`` (a ``Linear``'s
+    rows, or the vocabulary of a :class:`ShortlistHead`), else its weight's rows."""
+    head = model.get_output_embeddings()
+    rows = getattr(head, "out_features", None)
+    return int(rows) if isinstance(rows, int) else int(head.weight.shape[0])
+
+
 class ShortlistLlamaConfig(LlamaConfig):
     """``LlamaConfig`` plus ``shortlist_size``: how many of the first ids the output head scores."""
 

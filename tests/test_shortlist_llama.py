@@ -35,7 +35,7 @@ def test_logits_are_the_embedding_on_the_shortlist_and_one_logit_past_it() -> No
     assert "lm_head.rest_logit" in m.state_dict() and m.own_parameters() == \
         sum(p.numel() for p in m.parameters()) - 60 * 16
     # The decoders read the vocabulary off the head: every id, not the shortlist.
-    from companion.speculative.decoder import logit_count
+    from companion.shortlist_llama import logit_count
 
     assert logit_count(m) == 60
 

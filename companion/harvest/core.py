@@ -20,6 +20,7 @@ from companion.harvest.decode import BlockHook, decode_batch
 from companion.harvest.schema import arrow_schema
 from companion.harvest.stats import StepStatistics
 from companion.prompts import Prompt, prompt_set_digest
+from companion.shortlist_llama import logit_count
 
 TREE_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
 ORDERS = ("length", "given")
@@ -100,13 +101,6 @@ def resolve_eos(target: Any, tokenizer: Any, eos_token_ids: Sequence[int] | None
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     return sorted(ids)
-
-
-def _vocab_size(model: Any) -> int:
-    # out_features: a Linear's rows, or the vocabulary of a shortlist head (companion.shortlist_llama)
-    head = model.get_output_embeddings()
-    rows = getattr(head, "out_features", None)
-    return int(rows) if isinstance(rows, int) else int(head.weight.shape[0])
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -251,9 +245,9 @@ def _settings(target: Any, drafter: Any | None, criteria: Sequence[str | Criteri
     device = target.device
     if drafter is not None and drafter.device != device:
         raise ValueError(f"target is on {device} but drafter on {drafter.device}: put both on one device")
-    vocab = _vocab_size(target)
-    if drafter is not None and _vocab_size(drafter) != vocab:
-        raise ValueError(f"target has {vocab} output tokens but drafter {_vocab_size(drafter)}: they must share a vocabulary")
+    vocab = logit_count(target)
+    if drafter is not None and logit_count(drafter) != vocab:
+        raise ValueError(f"target has {vocab} output tokens but drafter {logit_count(drafter)}: they must share a vocabulary")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise ValueError(f"n_steps must be a positive integer, got {n_steps!r}")
     if order not in ORDERS:

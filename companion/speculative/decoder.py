@@ -47,6 +47,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from companion.criteria import Criterion, StrictGreedy, parse_criterion
+from companion.shortlist_llama import logit_count
 from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
 
 
@@ -204,14 +205,6 @@ def _check_model(model: Any, what: str) -> int:
         raise ValueError(f"{what} is on the meta device (its weights were never loaded); "
                          "load it with from_pretrained or move it to cpu or cuda")
     return logit_count(model)
-
-
-def logit_count(model: Any) -> int:
-    """How many logits a causal LM returns per position: its output head's ``out_features`` (a ``Linear``'s
-    rows, or the vocabulary of a shortlist head, :mod:`companion.shortlist_llama`), else its weight's rows."""
-    head = model.get_output_embeddings()
-    rows = getattr(head, "out_features", None)
-    return int(rows) if isinstance(rows, int) else int(head.weight.shape[0])
 
 
 def _check_ids_in_vocab(ids: list[int], models: Sequence[Any], vocab: int) -> None:
