@@ -469,6 +469,38 @@ def test_chapters_harvesting_at_once_share_one_harvest(tmp_path: Path):
     assert len(traces) == 48
 
 
+def test_a_chapter_harvest_in_two_processes_equals_one(tmp_path: Path, monkeypatch, capsys):
+    """chapter_traces(processes=2) on the CPU: the same rows as one process (shards dealt out by
+    torch.distributed.run), capped at the shards there are, and a failed launch falls back to
+    this process after saying why."""
+    import sys
+
+    from companion.harvest import load_traces
+
+    kw = dict(device="cpu", n_prompts=4, n_steps=8, batch_size=2)
+    two = cache.chapter_traces("closed-world", runs_root=tmp_path / "two", processes=2, **kw)
+    one = cache.chapter_traces("closed-world", runs_root=tmp_path / "one", processes=1, **kw)
+    assert two.manifest["runs"][-1]["world_size"] == 2 and one.manifest["runs"][-1]["world_size"] == 1
+    assert two.harvested_rows == one.harvested_rows > 0
+    assert two.manifest["config_digest"] == one.manifest["config_digest"]
+    assert load_traces(two.traces_dir).equals(load_traces(one.traces_dir))
+    assert not (two.traces_dir / "parts").exists()
+    assert cache.chapter_traces("closed-world", runs_root=tmp_path / "two", processes=2, **kw).harvested_rows == 0
+    # one shard (4 prompts in a batch of 4): one process, whatever was asked
+    single = cache.chapter_traces("closed-world", runs_root=tmp_path / "single", processes=2,
+                                  **{**kw, "batch_size": 4})
+    assert single.manifest["runs"][-1]["world_size"] == 1
+    # the workers cannot start: said in one line, then harvested here
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    fell_back = cache.chapter_traces("closed-world", runs_root=tmp_path / "fallback", processes=2, **kw)
+    said = capsys.readouterr().out
+    assert "2-process harvest" in said and "failed (exit status 1" in said and "going on in this process" in said, said
+    assert fell_back.manifest["runs"][-1]["world_size"] == 1
+    assert load_traces(fell_back.traces_dir).equals(load_traces(one.traces_dir))
+    with pytest.raises(ValueError, match="processes must be a whole number >= 1"):
+        cache.chapter_traces("closed-world", runs_root=tmp_path / "bad", processes=0, **kw)
+
+
 def test_enlargement_by_bin_brute_force(tr):
     edges = A.margin_bin_edges(tr.column("margin"), 3)
     eps = [0.01, 0.1]
