@@ -53,6 +53,10 @@ def test_ratio_phrase_states_the_numbers() -> None:
     # a resolved difference under 1 % keeps a decimal: it once read "about 0% dearer"
     assert "about 0.3% dearer than X" in prose.ratio_phrase(type(DEAR)(1.003, 1.001, 1.004), "X")
     assert "not resolved from X" in prose.ratio_phrase(OPEN, "X") and "below 1 by 2.0%" in prose.ratio_phrase(OPEN, "X")
+    # a point estimate that rounds to 0.0% off 1 is given as the ratio, not as "below 1 by 0.0%"
+    tiny = prose.ratio_phrase(type(OPEN)(0.99983, 0.98, 1.01), "X")
+    assert "0.9998, within 0.05% of 1, and its interval contains 1" in tiny and "0.0%" not in tiny, tiny
+    assert "the ratio is exactly 1 and its interval contains 1" in prose.ratio_phrase(type(OPEN)(1.0, 0.99, 1.01), "X")
     assert "cost the same on every prompt" in prose.ratio_phrase(SAME, "X")
 
 

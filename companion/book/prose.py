@@ -58,6 +58,9 @@ def ratio_phrase(est: Ratio, other: str) -> str:
         return f"about {size} cheaper than {other}, with the whole interval below 1"
     if kind == DEARER:
         return f"about {size} dearer than {other}, with the whole interval above 1"
+    if pct < 0.0005:  # "below 1 by 0.0%" would read as a contradiction: give the ratio itself
+        where = "exactly 1" if est.point == 1.0 else f"{est.point:.4f}, within 0.05% of 1,"
+        return f"not resolved from {other} on these prompts: the ratio is {where} and its interval contains 1"
     side = "below" if est.point < 1 else "above"
     return f"not resolved from {other} on these prompts: the ratio is {side} 1 by {pct:.1%} but its interval contains 1"
 
