@@ -30,6 +30,7 @@ from companion.speculative import (
     oracle_result,
     parse_policy,
     record_chains,
+    record_many,
     replay,
     replay_comparison,
     replay_grid,
@@ -125,6 +126,47 @@ def test_a_given_text_records_what_decoding_it_records(pair):
         assert seen["p"].argmax(-1).tolist() == list(rec.tokens)
         again = record_chains(target, drafter, x, max_new_tokens=N_NEW, text=torch.tensor(rec.tokens))
         assert again == rec
+
+
+def test_record_many_in_two_threads_records_what_one_records(pair):
+    """record_many in two threads: the recordings of one-by-one record_chains, in the prompts' order,
+    each prompt's inspect rows under its own index (the threads finish in any order); a decoded
+    prompt (texts None) beside given texts; bad thread counts and text lists refused in one line."""
+    target, drafter, ids, recs = pair
+    texts = [list(r.tokens) for r in recs]
+    texts[1] = None   # decoded, not given
+    seen: dict[int, tuple] = {}
+    got = record_many(target, drafter, ids, max_new_tokens=N_NEW, texts=texts, threads=2,
+                      inspect=lambda i, p, q: seen.__setitem__(i, (p.argmax(-1).tolist(), q.shape)))
+    assert got == recs
+    assert sorted(seen) == list(range(len(ids)))
+    for i, rec in enumerate(recs):
+        assert seen[i][0] == list(rec.tokens), i
+        assert seen[i][1][0] == len(rec.tokens), i
+    assert record_many(target, drafter, ids[:2], max_new_tokens=N_NEW, threads=1) == recs[:2]
+    assert record_many(target, drafter, [], max_new_tokens=N_NEW, threads=2) == []
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+            record_many(target, drafter, ids, max_new_tokens=N_NEW, threads=bad)
+    with pytest.raises(ValueError, match="texts has 1 entries for 4 prompts"):
+        record_many(target, drafter, ids, max_new_tokens=N_NEW, texts=[None])
+
+
+def test_record_many_passes_a_thread_s_failure_on(pair):
+    """A prompt that fails in a worker thread raises its own error in the caller, and the prompts
+    queued behind it are not started."""
+    target, drafter, ids, recs = pair
+    started = []
+
+    def look(i, p, q):
+        started.append(i)
+        if i == 0:
+            raise RuntimeError("inspect failed on prompt 0")
+
+    many = ids[:1] * 40
+    with pytest.raises(RuntimeError, match="inspect failed on prompt 0"):
+        record_many(target, drafter, many, max_new_tokens=N_NEW, inspect=look, threads=2)
+    assert len(started) < len(many), started
 
 
 def test_a_given_text_that_is_not_greedy_is_flagged_and_bad_texts_are_refused(pair):

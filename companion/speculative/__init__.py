@@ -51,6 +51,7 @@ from companion.speculative.replay import (
     oracle_result,
     ratio_outcome,
     record_chains,
+    record_many,
     replay,
     replay_comparison,
     replay_grid,
@@ -110,5 +111,6 @@ __all__ = [
     "oracle_plan",
     "oracle_result",
     "record_chains",
+    "record_many",
     "replay",
 ]

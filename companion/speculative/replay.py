@@ -13,7 +13,7 @@ whatever the policy; and the number ``L_s`` of leading drafts of that chain equa
   teacher-forced target forward over the same sequence (``KL(p || q)`` at every position, for
   the policies that read it), and, at each position ``m`` where the drafter's greedy token is not
   the text's, a cached greedy extension of the drafter past that mismatch (shared by every chain
-  that diverges at ``m``).
+  that diverges at ``m``). :func:`record_many` records many prompts, in several threads if asked.
 * :func:`replay` runs a :class:`~companion.speculative.Policy` on the recording and
   returns the :class:`~companion.speculative.SpeculativeResult` that
   :func:`~companion.speculative.generate` would return (tokens, forwards, and per round
@@ -306,6 +306,73 @@ def record_chains(
             t += 1
         chains.append(tuple(chain))
     return RecordedChains(tuple(text), tuple(chains), kl, max_new_tokens, max_drafts, eos, ended, disagree)
+
+
+def record_many(
+    target: Any,
+    drafter: Any,
+    prompts: Sequence[Tensor | Sequence[int]],
+    *,
+    max_new_tokens: int,
+    max_drafts: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    texts: Sequence[Sequence[int] | Tensor | None] | None = None,
+    inspect: Callable[[int, Tensor, Tensor], None] | None = None,
+    threads: int = 1,
+    progress: bool = False,
+) -> list[RecordedChains]:
+    """:func:`record_chains` for every prompt, in ``threads`` threads; the recordings in the prompts' order.
+
+    ``texts[i]`` is passed as prompt ``i``'s ``text`` (``None``: decoded), and
+    ``inspect(i, p_logits, q_logits)`` is called with the prompt's index, so that a caller can
+    keep per-prompt results in order whatever the order the threads finish in (``inspect`` may be
+    called from several threads at once: it should write to prompt ``i``'s own slot only).
+
+    Each prompt is recorded by one thread from start to end, and torch runs a thread's operators
+    in that thread when its intra-op pool has one thread, so with ``torch.get_num_threads() == 1``
+    every recording is bit for bit the one a single thread makes; ``threads`` then spreads the
+    prompts over that many cores (the models' weights are shared, not copied). With a larger
+    intra-op pool the threads share it, which gains little: one thread is then the sensible choice.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    n = len(prompts)
+    if texts is not None and len(texts) != n:
+        raise ValueError(f"texts has {len(texts)} entries for {n} prompts; give one text (or None) per prompt")
+
+    def one(i: int) -> RecordedChains:
+        look = None if inspect is None else (lambda lp, lq: inspect(i, lp, lq))
+        return record_chains(target, drafter, prompts[i], max_new_tokens=max_new_tokens, max_drafts=max_drafts,
+                             eos_token_id=eos_token_id, text=None if texts is None else texts[i], inspect=look)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=n, desc="recording", unit="prompt", disable=not progress or None)
+    out: list[RecordedChains | None] = [None] * n
+    try:
+        if threads == 1 or n <= 1:
+            for i in range(n):
+                out[i] = one(i)
+                bar.update(1)
+        else:
+            from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+            pool = ThreadPoolExecutor(max_workers=min(threads, n), thread_name_prefix="record")
+            try:
+                futures = {pool.submit(one, i): i for i in range(n)}
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for f in done:
+                        out[futures[f]] = f.result()   # re-raises the first failure here
+                        bar.update(1)
+            finally:
+                # on a failure or an interrupt: drop the prompts not started, let the running ones end
+                pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        bar.close()
+    assert all(r is not None for r in out), "every prompt is recorded once the loop ends"
+    return out  # type: ignore[return-value]
 
 
 def _given_text(text: Sequence[int] | Tensor, max_new_tokens: int, eos: frozenset[int], vocab: int) -> list[int]:
