@@ -34,6 +34,7 @@ from companion.speculative import (
     replay,
     replay_comparison,
     replay_grid,
+    submit_replay_grid,
 )
 from companion.speculative.replay import gap_sentence, goal_sentence, versus_sentence
 
@@ -377,6 +378,46 @@ def test_grid_rows_price_every_policy_against_the_oracle(pair):
         assert row.gap_closed["top1"] == pytest.approx(want, rel=1e-12)
         assert row.cert_vs_constant.point == pytest.approx(row.costs["certificate"] / row.costs[row.best_constant])
         assert row.cert_vs_oracle.lo <= row.cert_vs_oracle.point <= row.cert_vs_oracle.hi
+
+
+def _same_rows(a: list[GridRow], b: list[GridRow]) -> bool:
+    """Rows equal field for field, a nan gap (no gap to close) equal to a nan gap."""
+    def key(r: GridRow):
+        return {**r.__dict__, "gap_closed": {p: ("nan" if math.isnan(x) else x) for p, x in r.gap_closed.items()}}
+    return [key(r) for r in a] == [key(r) for r in b]
+
+
+def test_grid_in_worker_processes_and_in_the_background_gives_the_same_rows(pair, monkeypatch, capsys):
+    """replay_grid(processes=2) and submit_replay_grid give the rows computed here, in the grid's
+    order; workers that cannot start are said in one line and the rows computed here; bad
+    process counts are refused before any work."""
+    _, _, _, recs = pair
+    grid = [("flat", CostModel(c=c, verify=(1.0,))) for c in (0.02, 0.05, 0.2)] + \
+           [("cpu", CostModel(c=0.36, verify=(1.0, 1.4, 1.45)))]
+    kw = dict(builtins=["constant:0", "constant:2", "confidence:0.4"], calibrated=["certificate"], n_boot=100)
+    here = replay_grid(recs[:3], recs[3:], grid, **kw)
+    assert _same_rows(replay_grid(recs[:3], recs[3:], grid, processes=2, **kw), here)
+    job = submit_replay_grid(recs[:3], recs[3:], grid, processes=1, **kw)
+    rows, seconds = job.result(timeout=300)
+    assert _same_rows(rows, here) and seconds > 0
+    rows, _ = submit_replay_grid(recs[:3], recs[3:], grid, processes=0, **kw).result(timeout=300)
+    assert _same_rows(rows, here)
+
+    import concurrent.futures
+
+    def cannot_start(*args, **kwargs):
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", cannot_start)
+    capsys.readouterr()
+    assert _same_rows(replay_grid(recs[:3], recs[3:], grid, processes=2, **kw), here)
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said == ["replay_grid: the worker processes failed (OSError: no processes left); replaying here instead"]
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="processes must be an integer >= 0"):
+            replay_grid(recs[:3], recs[3:], grid, processes=bad, **kw)
+        with pytest.raises(ValueError, match="processes must be an integer >= 0"):
+            submit_replay_grid(recs[:3], recs[3:], grid, processes=bad, **kw)
 
 
 def fake_row(shape: str, c: float, *, vs_const=(1.0, 0.9, 1.1), vs_default=(1.0, 0.9, 1.1),

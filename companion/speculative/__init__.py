@@ -55,6 +55,7 @@ from companion.speculative.replay import (
     replay,
     replay_comparison,
     replay_grid,
+    submit_replay_grid,
 )
 from companion.speculative.policies import (
     POLICY_FORMS,
@@ -107,6 +108,7 @@ __all__ = [
     "ratio_outcome",
     "replay_comparison",
     "replay_grid",
+    "submit_replay_grid",
     "oracle_cost",
     "oracle_plan",
     "oracle_result",

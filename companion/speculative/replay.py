@@ -34,7 +34,9 @@ replays with live decoding round for round.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -699,17 +701,80 @@ def replay_grid(
     default: str = "confidence:0.4",
     n_boot: int = 2000,
     seed: int = 0,
+    processes: int = 0,
 ) -> list[GridRow]:
     """A :class:`GridRow` per ``(shape name, cost model)`` of ``grid``: the built-ins (default
-    :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model."""
+    :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model.
+
+    ``processes``: 0 computes every row here; ``N >= 1`` hands the cost models to ``N`` worker
+    processes (started fresh, one thread each; at most one per cost model). Each row is a function
+    of its cost model alone (its bootstrap is seeded with ``seed``), so the rows are the same
+    either way. Workers that cannot start or that die are reported in one line, and the rows are
+    then computed here.
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+        raise ValueError(f"processes must be an integer >= 0, got {processes!r}")
     names = list(builtins) if builtins is not None else grid_builtins()
     replayed = {spec: [replay(ch, spec) for ch in eval_chains] for spec in names}
-    rows = []
-    for shape, costs in grid:
-        cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
-                                cold=False, replayed=replayed)
-        rows.append(grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed))
-    return rows
+    job = (list(eval_chains), list(calibration_chains), names, list(calibrated), default, n_boot, seed, replayed)
+    if processes and len(grid) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with ProcessPoolExecutor(max_workers=min(processes, len(grid)), mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_grid_worker_start, initargs=(job,)) as pool:
+                return list(pool.map(_grid_worker_row, grid))
+        except (BrokenProcessPool, OSError) as err:
+            print(f"replay_grid: the worker processes failed ({type(err).__name__}: {err}); replaying here instead")
+    return [_grid_point(job, shape, costs) for shape, costs in grid]
+
+
+def submit_replay_grid(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
+                       grid: Sequence[tuple[str, CostModel]], **kwargs: Any) -> Future[tuple[list[GridRow], float]]:
+    """:func:`replay_grid` started in the background: a future of ``(rows, seconds it took)``.
+
+    With ``processes >= 1`` the work happens in the worker processes, and the calling thread stays
+    free, e.g. to decode live on the other cores meanwhile (a thread of this process only waits on
+    the workers). Arguments as :func:`replay_grid`'s, checked before anything starts.
+    """
+    processes = kwargs.get("processes", 0)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+        raise ValueError(f"processes must be an integer >= 0, got {processes!r}")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def timed() -> tuple[list[GridRow], float]:
+        t0 = time.perf_counter()
+        rows = replay_grid(eval_chains, calibration_chains, grid, **kwargs)
+        return rows, time.perf_counter() - t0
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-grid")
+    try:
+        return pool.submit(timed)
+    finally:
+        pool.shutdown(wait=False)
+
+
+_GRID_JOB: tuple | None = None   # a grid worker process's shared inputs (set once by its initializer)
+
+
+def _grid_worker_start(job: tuple) -> None:
+    global _GRID_JOB
+    torch.set_num_threads(1)
+    _GRID_JOB = job
+
+
+def _grid_worker_row(point: tuple[str, CostModel]) -> GridRow:
+    assert _GRID_JOB is not None, "the worker's initializer sets the job"
+    return _grid_point(_GRID_JOB, *point)
+
+
+def _grid_point(job: tuple, shape: str, costs: CostModel) -> GridRow:
+    eval_chains, calibration_chains, names, calibrated, default, n_boot, seed, replayed = job
+    cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
+                            cold=False, replayed=replayed)
+    return grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed)
 
 
 def ratio_outcome(est: RatioEstimate) -> str:
