@@ -139,3 +139,9 @@ def test_margin_trend_follows_the_numbers() -> None:
     assert "fewer of the acceptances at large margins" in prose.margin_trend(0.9, 0.6, "Strict greedy")
     assert "the same share" in prose.margin_trend(0.9, 0.9, "Strict greedy")
     assert "(90.0% against 60.0%)" in prose.margin_trend(0.6, 0.9, "Strict greedy")
+
+
+def test_percent_drops_the_sign_of_a_value_that_rounds_to_zero():
+    assert prose.percent(-0.001) == "0%" and prose.percent(0.001) == "0%"
+    assert prose.percent(-0.006) == "-1%" and prose.percent(-0.10) == "-10%" and prose.percent(0.1234, 1) == "12.3%"
+    assert prose.percent(-0.0004, 1) == "0.0%" and prose.percent(-0.0006, 1) == "-0.1%"

@@ -461,6 +461,10 @@ def test_gap_and_goal_sentences_have_words_for_every_outcome():
     assert "no gap" in gap_sentence(rows[1:])
     dear = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.4, "confidence:0.4": 1.5})])
     assert "no policy improves on the best constant schedule anywhere" in dear and "a negative share on 1" in dear
+    # a share that rounds to zero from below reads "0%", not "-0%"
+    tiny = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.3003,
+                                                            "confidence:0.4": 1.5, "margin": 1.2})])
+    assert "the certificate rule closes 0% (median 0%)" in tiny and "-0%" not in tiny
     near = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.9, 0.85, 0.95)))
     assert "within 10% of the limit" in near and "entirely below 1: it is 10.0% cheaper, at least the 5% asked" in near
     small = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.97, 0.95, 0.99)))

@@ -25,6 +25,12 @@ class Ratio(Protocol):
 SAME, CHEAPER, DEARER, UNRESOLVED = "same", "cheaper", "dearer", "unresolved"
 
 
+def percent(x: float, digits: int = 0) -> str:
+    """``x`` as a percentage with ``digits`` decimals, a value that rounds to zero without a sign ("0%", not "-0%")."""
+    text = f"{x:.{digits}%}"
+    return text[1:] if text.startswith("-") and not any(d in text for d in "123456789") else text
+
+
 def outcome(est: Ratio) -> str:
     """``same``: the ratio is exactly 1 in every resample (the two cost the same on every prompt);
     ``cheaper`` / ``dearer``: the whole interval is below / above 1; else ``unresolved``."""

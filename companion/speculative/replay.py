@@ -825,9 +825,15 @@ def versus_sentence(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstim
     return "; ".join(parts[:-1]) + ", and " + parts[-1] + "."
 
 
+def _fmt(x: float, fmt: str) -> str:
+    """``format(x, fmt)`` without the sign of a value that rounds to zero (``"0%"``, not ``"-0%"``)."""
+    text = format(x, fmt)
+    return text[1:] if text.startswith("-") and not any(d in text for d in "123456789") else text
+
+
 def _span(values: Sequence[float], fmt: str) -> str:
     """``"12% to 30%"``, or one number when the range rounds to one."""
-    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    lo, hi = _fmt(min(values), fmt), _fmt(max(values), fmt)
     return lo if lo == hi else f"{lo} to {hi}"
 
 
@@ -841,10 +847,10 @@ def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> s
     best = [r.gap_closed[r.best_policy] for r in with_gap]
     cert = [r.gap_closed[certificate] for r in with_gap]
     text += (f" The cheapest policy replayed at each cost model closes {_span(best, '.0%')} of the gap "
-             f"from the best constant schedule to the oracle (median {float(np.median(best)):.0%})")
+             f"from the best constant schedule to the oracle (median {_fmt(float(np.median(best)), '.0%')})")
     if all(b == 0 for b in best):
         text += ": no policy improves on the best constant schedule anywhere"
-    text += f"; the certificate rule closes {_span(cert, '.0%')} (median {float(np.median(cert)):.0%})"
+    text += f"; the certificate rule closes {_span(cert, '.0%')} (median {_fmt(float(np.median(cert)), '.0%')})"
     negative = sum(x < 0 for x in cert)
     if negative:
         text += (f", a negative share on {negative} of the {len(with_gap)} cost models meaning it costs more than "
