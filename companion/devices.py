@@ -57,6 +57,14 @@ def resolve_device(requested: Any = None, *, local_rank: int = 0, world: int = 1
     return dev
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask on Linux, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def cpu_description() -> str:
     """``"x86_64, 2 cores"``: the machine, as the status page shows it."""
     return f"{platform.machine() or 'CPU'}, {os.cpu_count()} cores"

@@ -66,11 +66,9 @@ def default_jobs(devices: list[str | None]) -> int:
     share its memory)."""
     if any(d is not None and d != "cpu" for d in devices):
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_DEFAULT_JOBS))
+    from companion.devices import usable_cores
+
+    return max(1, min(usable_cores(), MAX_DEFAULT_JOBS))
 
 
 def _run_one(chapter: Chapter, params: dict[str, Any], layout: Layout, work: Path, show_cells: bool,

@@ -94,7 +94,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     or of another configuration) is harvested in this process; so is everything when the
     processes fail, after saying why.
     """
-    from companion.devices import resolve_device
+    from companion.devices import resolve_device, usable_cores
     from companion.harvest import read_manifest
 
     if traces_dir:
@@ -119,7 +119,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
 
         # no more processes than cores, or than shards (one per batch of prompts) to deal out
         shards = -(-n_prompts // (batch_size or default_batch_size(dev)))
-        processes = min(processes, _usable_cores(), shards) if dev.type == "cpu" else 1
+        processes = min(processes, usable_cores(), shards) if dev.type == "cpu" else 1
         if processes > 1 and not out.exists():
             failure = _harvest_in_processes(job, out, processes)
             if failure is None:
@@ -147,13 +147,6 @@ class _Job:
                     extra={"preset": self.preset,
                            "chapter_parameters": {"n_prompts": self.n_prompts, "n_steps": self.n_steps,
                                                   "batch_size": self.batch_size, "seed": self.seed}})
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _harvest_in_processes(job: _Job, out: Path, processes: int) -> str | None:
