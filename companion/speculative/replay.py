@@ -736,8 +736,10 @@ def submit_replay_grid(eval_chains: Sequence[RecordedChains], calibration_chains
     """:func:`replay_grid` started in the background: a future of ``(rows, seconds it took)``.
 
     With ``processes >= 1`` the work happens in the worker processes, and the calling thread stays
-    free, e.g. to decode live on the other cores meanwhile (a thread of this process only waits on
-    the workers). Arguments as :func:`replay_grid`'s, checked before anything starts.
+    free, e.g. to decode live on the other cores meanwhile (a thread of this process replays the
+    built-ins, under a second, then only waits on the workers); with ``processes = 0`` that thread
+    does all of it, sharing the interpreter with the caller. Arguments as :func:`replay_grid`'s:
+    ``processes`` is checked here, the others when the replay starts (the future raises their error).
     """
     processes = kwargs.get("processes", 0)
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
