@@ -505,10 +505,15 @@ def test_resume_after_sigkill_equals_uninterrupted_run(pair_dir, tmp_path) -> No
     partial = load_traces(out, allow_incomplete=True)
     assert partial.num_rows == 48 * len(written)
 
+    # A failed two-process run can leave its second process's record; the resume must not keep it.
+    (out / "parts").mkdir(exist_ok=True)
+    (out / "parts" / "rank1.json").write_text("{}")
     done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     manifest = read_manifest(out)
     assert manifest["status"] == "complete" and manifest["totals"]["shards"] == 10
+    assert not (out / "parts").exists(), sorted(p.name for p in (out / "parts").iterdir())
+    assert manifest["runs"][-1]["world_size"] == 1
     assert not list(shard_dir.glob(".*tmp*"))
 
     # Reference: the same harvest in this process, uninterrupted.

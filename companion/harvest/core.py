@@ -432,7 +432,7 @@ def _merge_ranks(out: Path, digest: str, n_shards: int, dist: Distributed, part:
         for r in ranks:
             checksums |= r.pop("checksums", {})
         manifest = _finalize(out, digest, n_shards, dist.world, ranks, started, t_start, checksums)
-        _remove_parts(out, dist.world)
+        _remove_parts(out)
     dist.barrier()
     if manifest is None:
         manifest = store.read_manifest(out)
@@ -487,10 +487,11 @@ def _read_parts(out: Path, world: int) -> list[dict[str, Any]]:
     return ranks
 
 
-def _remove_parts(out: Path, world: int) -> None:
+def _remove_parts(out: Path) -> None:
+    """Remove every per-process record, this run's and any a failed run left (whose shards this run resumed)."""
     parts_dir = out / store.PARTS_DIR
-    for r in range(world):
-        (parts_dir / f"rank{r}.json").unlink(missing_ok=True)
+    for path in parts_dir.glob("rank*.json"):
+        path.unlink(missing_ok=True)
     if parts_dir.is_dir() and not any(parts_dir.iterdir()):
         parts_dir.rmdir()
 
