@@ -213,3 +213,34 @@ def test_default_recipe_fits_the_asset_budget() -> None:
     per_layer = 2 * h * heads * head_dim + 2 * h * kv * head_dim + 3 * h * f + 2 * h
     params = len(init_layer_list(cfg)) * per_layer + h + 1
     assert params * 2 <= 25e6, f"{params:,} parameters in bfloat16 is {params * 2 / 1e6:.1f} MB"
+
+
+def _data_benchmark():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_drafter_data.py"
+    spec = importlib.util.spec_from_file_location("bench_drafter_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_data_benchmark_fits_its_trend_line_and_refuses_bad_lists() -> None:
+    bench = _data_benchmark()
+    a, b = bench._trend([37, 74, 148, 296], [0.25 + 0.02 * math.log2(n) for n in (37, 74, 148, 296)])
+    assert (a, b) == pytest.approx((0.25, 0.02), abs=1e-12), (a, b)
+    assert bench._numbers("297,37,74,37", "sizes", 1, 297) == [37, 74, 297]
+    for text, words in (("0,5", "between 1 and 297"), ("x", "whole numbers"), ("", "whole numbers")):
+        with pytest.raises(ValueError, match=words):
+            bench._numbers(text, "sizes", 1, 297)
+
+
+def test_the_data_benchmark_refuses_a_folder_without_answers_in_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_drafter_data.py"), "--answers", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
+    assert run.stderr.strip().count("\n") == 0 and "no harvest manifest" in run.stderr, run.stderr
