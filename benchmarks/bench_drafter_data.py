@@ -44,7 +44,7 @@ def run_one(answers: str, n: int, steps: int) -> dict:
 
     import torch
 
-    from companion.distill.build import VALIDATION_SHARE
+    from companion.distill.build import split_validation
     from companion.distill.config import DrafterConfig
     from companion.distill.data import load_examples
     from companion.distill.train import agreement, make_drafter, train
@@ -53,10 +53,9 @@ def run_one(answers: str, n: int, steps: int) -> dict:
 
     torch.set_num_threads(1)
     prompts = load_prompts("chat-requests-train")
-    n_val = max(1, round(VALIDATION_SHARE * len(prompts)))
     target, _, tok = load_pair("smollm2", False, device="cpu", dtype="float32")
-    examples = load_examples(Path(answers), tok, prompts)
-    fit, val = examples[:-n_val][:n], examples[-n_val:]
+    fit, val = split_validation(load_examples(Path(answers), tok, prompts))
+    fit = fit[:n]
     base = DrafterConfig()
     per_epoch = math.ceil(n / base.batch_size)
     cfg = dataclasses.replace(base, epochs=max(1, round(steps / per_epoch)))
@@ -65,8 +64,8 @@ def run_one(answers: str, n: int, steps: int) -> dict:
     t0 = time.perf_counter()
     log = train(model, fit, cfg, checkpoint=None, pad_id=pad, progress=False, log=lambda _: None)
     saved = model.to(getattr(torch, cfg.save_dtype)).float()  # as the build saves and loads it
-    return {"n": n, "requested_steps": steps, "epochs": cfg.epochs, "steps": log["steps"], "answer_steps": sum(e.n_answer for e in fit),
-            "seconds": round(time.perf_counter() - t0, 1),
+    return {"n": n, "requested_steps": steps, "epochs": cfg.epochs, "steps": log["steps"],
+            "answer_steps": sum(e.n_answer for e in fit), "seconds": round(time.perf_counter() - t0, 1),
             "validation": agreement(saved, val, pad), "fit": agreement(saved, fit[:FIT_SAMPLE], pad)}
 
 
@@ -100,7 +99,7 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
 
-    from companion.distill.build import VALIDATION_SHARE
+    from companion.distill.build import split_validation
     from companion.distill.config import DrafterConfig
     from companion.prompts import load_prompts
 
@@ -114,8 +113,8 @@ def main() -> int:
     if manifest.get("status") != "complete":
         print(f"--answers {answers}: the harvest is not complete (status {manifest.get('status')!r})", file=sys.stderr)
         return 2
-    n_train = len(load_prompts("chat-requests-train"))
-    n_fit = n_train - max(1, round(VALIDATION_SHARE * n_train))
+    fit_prompts, val_prompts = split_validation(load_prompts("chat-requests-train"))
+    n_fit = len(fit_prompts)
     cfg = DrafterConfig()
     own_steps = cfg.epochs * math.ceil(n_fit / cfg.batch_size)
     try:
@@ -129,7 +128,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     grid = [(n, s) for s in steps for n in sizes]
-    print(f"default recipe; sizes {sizes}, steps {steps}; validation: the last {n_train - n_fit} training requests; "
+    print(f"default recipe; sizes {sizes}, steps {steps}; validation: the last {len(val_prompts)} training requests; "
           f"{len(grid)} runs, {args.jobs} at once", flush=True)
     # One line per finished run (each takes minutes), then the table in the grid's order.
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

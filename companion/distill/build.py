@@ -43,6 +43,12 @@ MANIFEST_NAME = "manifest.json"
 VALIDATION_SHARE = 0.1
 
 
+def split_validation(items: list) -> tuple[list, list]:
+    """``(fit, validation)``: the last ``VALIDATION_SHARE`` of ``items`` (at least one) held out, in order."""
+    n_val = max(1, round(VALIDATION_SHARE * len(items)))
+    return items[:-n_val], items[-n_val:]
+
+
 def file_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file in ``root`` but the manifest."""
     from companion.smollm2 import file_sha256
@@ -73,7 +79,6 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
         if cfg.n_prompts > len(prompts):
             raise ValueError(f"n_prompts {cfg.n_prompts}: the training split has only {len(prompts)} requests")
         prompts = prompts[: cfg.n_prompts]
-    n_val = max(1, round(VALIDATION_SHARE * len(prompts)))
     with torch_threads(cfg.num_threads):
         target, _, tok = load_pair("smollm2", False, device="cpu", dtype="float32")
         t0 = time.perf_counter()
@@ -81,7 +86,7 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
                         batch_size=cfg.harvest_batch_size, progress=progress)
         data_seconds = time.perf_counter() - t0
         examples = load_examples(ckpt / "answers", tok, prompts)
-        fit, val = examples[:-n_val], examples[-n_val:]
+        fit, val = split_validation(examples)
         model = make_drafter(cfg, target)
         pad_id = int(tok.pad_token_id)
         log_train = train(model, fit, cfg, checkpoint=ckpt / "train.pt", pad_id=pad_id, progress=progress, log=log)
