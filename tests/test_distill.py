@@ -244,3 +244,15 @@ def test_the_data_benchmark_refuses_a_folder_without_answers_in_one_line(tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stdout == "", (run.returncode, run.stdout, run.stderr)
     assert run.stderr.strip().count("\n") == 0 and "no harvest manifest" in run.stderr, run.stderr
+
+
+def test_the_held_out_share_is_the_last_tenth_and_matches_the_committed_build() -> None:
+    from companion.assets import SMOLLM2_DRAFTER_DIR
+    from companion.distill.build import split_validation
+
+    assert split_validation(list(range(10))) == (list(range(9)), [9])
+    assert split_validation([1]) == ([], [1])  # at least one held out
+    data = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())["data"]
+    fit, val = split_validation(list(range(data["requests"])))
+    assert (len(fit), len(val)) == (data["fit_requests"], data["validation_requests"]), data
+    assert fit + val == list(range(data["requests"]))
