@@ -334,10 +334,13 @@ def _expectation(law: Law) -> tuple[np.ndarray, np.ndarray]:
     pos = s_next * (g - 1)
     left = np.clip(np.floor(pos).astype(int), 0, g - 2)
     frac = pos - left
-    rows = np.broadcast_to(np.arange(g)[:, None], left.shape)
-    m = np.zeros((g, g))
-    np.add.at(m, (rows, left), (1 - frac) * w[None, :])
-    np.add.at(m, (rows, left + 1), frac * w[None, :])
+    rows = np.arange(g)[:, None] * g
+    # m[r, left] += (1 - frac) w, then m[r, left + 1] += frac w, each in the row-major order of the
+    # pairs: one bincount over the flat indices adds the same terms in the same order (bit for bit
+    # the two np.add.at calls it replaces, at a fraction of their time)
+    flat = np.concatenate([(rows + left).reshape(-1), (rows + left + 1).reshape(-1)])
+    weights = np.concatenate([((1 - frac) * w[None, :]).reshape(-1), (frac * w[None, :]).reshape(-1)])
+    m = np.bincount(flat, weights=weights, minlength=g * g).reshape(g, g)
     return (s_next * w[None, :]).sum(1), m
 
 
@@ -351,12 +354,31 @@ def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[in
     caller evaluates many rates for the same laws.
     """
     ops = _ops if _ops is not None else [_expectation(laws[0]), _expectation(laws[1])]
+    return _bellman(lam, ops, _steps(c, verify_cost, kmax))
+
+
+def _steps(c: float, verify_cost: Callable[[int], float], kmax: int) -> list[float]:
+    """``c + V(i+1) - V(i)`` for ``i = 0 .. kmax - 1``: the cost of one more drafter call after ``i``."""
+    return [c + verify_cost(i + 1) - verify_cost(i) for i in range(kmax)]
+
+
+def _bellman(lam: float, ops: Sequence[tuple[np.ndarray, np.ndarray]], steps: Sequence[float]) -> list[np.ndarray]:
+    """:func:`bellman` with the expectation operators and the step costs worked out: the same
+    float64 operations in the same order (``(a + M @ W) - lam * step``, then ``max(., 0)``), in
+    buffers of its own. ``M @ 0`` is exactly 0 (``M >= 0``), so the first step skips the product."""
+    kmax = len(steps)
     w_next = np.zeros_like(SURVIVAL_GRID)
     tables = [w_next]
     for i in range(kmax - 1, -1, -1):
         a, m = ops[0] if i == 0 else ops[1]
-        step = c + verify_cost(i + 1) - verify_cost(i)
-        w_next = np.maximum(a + m @ w_next - lam * step, 0.0)
+        if i == kmax - 1:
+            w = a + 0.0
+        else:
+            w = np.dot(m, w_next)
+            w += a
+        w -= lam * steps[i]
+        np.maximum(w, 0.0, out=w)
+        w_next = w
         tables.append(w_next)
     return tables[::-1]
 
@@ -371,13 +393,20 @@ def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], flo
     (e.g. the previous root) narrows the first bracket to ``guess +- 0.05`` when it holds the root.
     """
     ops = [_expectation(laws[0]), _expectation(laws[1])]
+    steps = _steps(c, verify_cost, kmax)
+    seen: dict[float, list[np.ndarray]] = {}   # the tables at every rate tried (the answer is one of them)
+
+    def tables(lam: float) -> list[np.ndarray]:
+        if lam not in seen:
+            seen[lam] = _bellman(lam, ops, steps)
+        return seen[lam]
 
     def excess(lam: float) -> float:
-        return 1.0 - lam + bellman(lam, laws, c, verify_cost, kmax, ops)[0][-1]
+        return 1.0 - lam + tables(lam)[0][-1]
 
     lo, hi = 1.0, float(kmax + 1)
     if excess(lo) <= 0.0:
-        return 1.0, bellman(1.0, laws, c, verify_cost, kmax, ops)
+        return 1.0, tables(1.0)
     if guess is not None:
         g_lo, g_hi = max(lo, guess - 0.05), min(hi, guess + 0.05)
         if excess(g_lo) > 0.0 and excess(g_hi) <= 0.0:
@@ -388,7 +417,7 @@ def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], flo
             lo = mid
         else:
             hi = mid
-    return lo, bellman(lo, laws, c, verify_cost, kmax, ops)
+    return lo, tables(lo)
 
 
 @dataclass
@@ -485,20 +514,33 @@ class Calibrated(Policy):
 
     def _survival_law(self, position_one: bool) -> tuple[np.ndarray, np.ndarray]:
         """Values and weights of ``s`` over verified steps of one position class, plus ``n0`` at ``prior``."""
+        return self._survival_laws()[0 if position_one else 1]
+
+    def _survival_laws(self) -> tuple[Law, Law]:
+        """The laws of ``s`` over the verified steps that were a round's first draft, and over the others
+        (each plus ``n0`` pseudo-steps at ``prior``); the survival lookup is elementwise, so it is run once
+        over all the steps and split."""
         last = slice(-self.window, None) if self.window else slice(None)
-        mask = np.asarray(self.position_one[last], dtype=bool) == position_one
-        xs = np.asarray(self.scores[last], dtype=float)[mask]
-        vals = np.concatenate([np.asarray(self._lookup(xs), dtype=float).reshape(-1), [self.prior]])
-        w = np.concatenate([np.ones(len(xs)), [self.n0]])
-        # at most 65 support points: s rounded to the survival grid's resolution (1/64)
-        vals, inverse = np.unique(np.round(vals * 64) / 64, return_inverse=True)
-        w = np.bincount(inverse.reshape(-1), weights=w)
-        return vals, w / w.sum()
+        first = np.asarray(self.position_one[last], dtype=bool)
+        xs = np.asarray(self.scores[last], dtype=float)
+        looked = np.asarray(self._lookup(xs), dtype=float).reshape(-1)
+        return self._law(looked[first]), self._law(looked[~first])
+
+    def _law(self, looked: np.ndarray) -> Law:
+        vals = np.concatenate([looked, [self.prior]])
+        w = np.concatenate([np.ones(len(looked)), [self.n0]])
+        # at most 65 support points: s rounded to the survival grid's resolution (1/64). The grid index
+        # round(64 s) is an exact integer, so bincounts over it give np.unique's sorted values and, adding
+        # the weights in the input's order, its per-value sums bit for bit.
+        k = np.round(vals * 64).astype(np.intp)
+        present = np.bincount(k, minlength=65) > 0
+        w = np.bincount(k, weights=w, minlength=65)[present]
+        return np.flatnonzero(present) / 64, w / w.sum()
 
     def plan(self) -> tuple[float, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
         """``(lam*, [W_0 .. W_kmax], survival laws)`` for the current calibration (cached until new data)."""
         if self._plan is None:
-            laws = [self._survival_law(True), self._survival_law(False)]
+            laws = list(self._survival_laws())
             lam, tables = optimal_rate(laws, self.c, self.verify_cost, self.kmax, tol=1e-3, guess=self._last_rate)
             self._last_rate = lam
             self._plan = (lam, tables, laws)
@@ -563,6 +605,14 @@ class Calibrated(Policy):
             self.fresh_steps = 0
             self._table = None
             self._plan = None
+
+    def fresh(self) -> Calibrated:
+        """An independent copy (same knobs and current state): the lists of verified steps copied, the
+        cached tables and plan shared (they are replaced, never changed in place)."""
+        twin = copy.copy(self)
+        for name in ("scores", "accepted", "position_one", "kls", "_steps", "_surv"):
+            setattr(twin, name, list(getattr(self, name)))
+        return twin
 
     def __str__(self) -> str:
         knobs = []

@@ -59,6 +59,7 @@ from companion.speculative.decoder import (
     drafter_rho,
 )
 from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
+from companion.speculative.replay_fast import is_builtin, oracle_dp, replay_builtin
 
 __all__ = ["GRID_CONSTANTS", "ORACLE", "GridRow", "RecordedChains", "grid_builtins", "grid_row", "oracle_cost",
            "oracle_plan", "oracle_result", "ratio_outcome", "record_chains", "replay", "replay_comparison",
@@ -95,6 +96,8 @@ class RecordedChains:
     ended_by_eos: bool = False
     disagreements: tuple[int, ...] = ()
     matched: tuple[int, ...] = field(init=False)
+    # the per-position arrays of the array replays (replay_fast.chain_arrays), made on first use
+    _arrays: Any = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -415,7 +418,7 @@ def _check_costs(costs: Any) -> CostModel:
     return costs
 
 
-def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
+def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -> SpeculativeResult:
     """Decode ``chains``' prompt under ``policy`` without a model: the rounds a lossless :func:`generate` makes.
 
     The policy is driven exactly as the decoder drives it (see ``Policy``): per round
@@ -425,9 +428,15 @@ def replay(chains: RecordedChains, policy: str | Policy) -> SpeculativeResult:
     and ``end_round`` receives ``KL(p || q)`` at the verified positions when the policy reads it.
     A :class:`Policy` object carries its state over (as with ``generate``); a spec string gives a
     fresh one. The result has no timings (``nan``) and no per-round seconds.
+
+    ``fast``: transformers' built-ins (``constant``, ``confidence``, ``heuristic``) are replayed by
+    :func:`~companion.speculative.replay_fast.replay_builtin` from per-position arrays, with the
+    same result and the same policy state; ``False`` drives every policy call by call (the reference).
     """
     _check_chains(chains)
     pol = parse_policy(policy)
+    if fast and is_builtin(pol):
+        return replay_builtin(chains, pol, str(_GREEDY))
     needs_rho = bool(getattr(pol, "needs_certificate", False))
     needs_kl = bool(getattr(pol, "needs_kl", False))
     text = chains.tokens
@@ -494,8 +503,13 @@ def _advance(chains: RecordedChains, s: int, k: int) -> int:
     return min(s + min(k, chains.matched[s]) + 1, len(chains.tokens))
 
 
-def _dp(chains: RecordedChains, costs: CostModel) -> tuple[list[float], list[int]]:
-    """``best[s]``: least cost from ``s`` to the end of the text; ``choice[s]``: drafts submitted there."""
+def _dp(chains: RecordedChains, costs: CostModel, fast: bool = True) -> tuple[list[float], list[int]]:
+    """``best[s]``: least cost from ``s`` to the end of the text; ``choice[s]``: drafts submitted there.
+
+    ``fast``: :func:`~companion.speculative.replay_fast.oracle_dp` (the same sums and tie rule, one
+    array operation per position); ``False``: the reference loop below."""
+    if fast:
+        return oracle_dp(chains, costs)
     n = len(chains.tokens)
     best = [0.0] * (n + 1)
     choice = [0] * n
@@ -508,15 +522,15 @@ def _dp(chains: RecordedChains, costs: CostModel) -> tuple[list[float], list[int
     return best, choice
 
 
-def oracle_plan(chains: RecordedChains, costs: CostModel) -> list[int]:
+def oracle_plan(chains: RecordedChains, costs: CostModel, *, fast: bool = True) -> list[int]:
     """Drafts submitted per round by a lossless chain policy of least modelled cost on ``chains``.
 
     Dynamic programming over positions: from ``s`` a round drafts and submits ``k`` drafts of the
     recorded chain (``k <= len(chains[s])``), costs ``V(k) + c k`` and continues at
     ``s + min(k, L_s) + 1`` (the accepted drafts and the target's token). Ties go to the fewest
-    drafts.
+    drafts. ``fast``: as :func:`_dp`'s.
     """
-    _, choice = _dp(_check_chains(chains), _check_costs(costs))
+    _, choice = _dp(_check_chains(chains), _check_costs(costs), fast)
     plan, s = [], 0
     while s < len(chains.tokens):
         plan.append(choice[s])
@@ -538,10 +552,10 @@ def oracle_cost(chains: RecordedChains, costs: CostModel) -> float:
     return _dp(chains, costs)[0][0] / n
 
 
-def oracle_result(chains: RecordedChains, costs: CostModel) -> SpeculativeResult:
+def oracle_result(chains: RecordedChains, costs: CostModel, *, fast: bool = True) -> SpeculativeResult:
     """The rounds of :func:`oracle_plan` as a :class:`SpeculativeResult` (policy ``"oracle"``), so that
     :func:`~companion.speculative.modelled_cost` and the comparison's bootstrap price it like any policy."""
-    plan = oracle_plan(chains, costs)
+    plan = oracle_plan(chains, costs, fast=fast)
     accepted, draft_tokens = [], []
     s = 0
     for k in plan:
@@ -588,6 +602,7 @@ def replay_comparison(
     calibrated: Sequence[str] = CALIBRATED,
     cold: bool = True,
     replayed: dict[str, list[SpeculativeResult]] | None = None,
+    fast: bool = True,
 ) -> PolicyComparison:
     """:func:`~companion.speculative.compare_policies` from recordings, priced with ``costs``, plus the oracle.
 
@@ -597,7 +612,8 @@ def replay_comparison(
     warm state; a ``certificate (cold)`` row from the prior when ``cold``; and the
     :data:`ORACLE` row (:func:`oracle_result`). ``replayed`` may hold built-in runs already
     replayed on ``eval_chains`` (they do not depend on the cost model). The comparison's
-    ``fitted`` model is ``costs`` itself (a replay has no timings to fit).
+    ``fitted`` model is ``costs`` itself (a replay has no timings to fit). ``fast``: as :func:`replay`'s
+    and :func:`oracle_plan`'s (``False``: the reference paths, for comparison).
     """
     names = list(builtins)
     if not names or names[0] != "constant:0":
@@ -616,7 +632,7 @@ def replay_comparison(
     results: dict[str, list[SpeculativeResult]] = {}
     for spec in names:
         runs = (replayed or {}).get(spec)
-        results[spec] = list(runs) if runs is not None else [replay(ch, spec) for ch in eval_chains]
+        results[spec] = list(runs) if runs is not None else [replay(ch, spec, fast=fast) for ch in eval_chains]
     knobs = costs.policy_defaults()
     for spec in calibrated:
         warm = parse_policy(spec, **knobs)
@@ -625,7 +641,7 @@ def replay_comparison(
         results[display_name(spec)] = [replay(ch, warm.fresh()) for ch in eval_chains]
     if cold:
         results["certificate (cold)"] = [replay(ch, parse_policy("certificate", **knobs)) for ch in eval_chains]
-    results[ORACLE] = [oracle_result(ch, costs) for ch in eval_chains]
+    results[ORACLE] = [oracle_result(ch, costs, fast=fast) for ch in eval_chains]
     reference = [r.tokens for r in results["constant:0"]]
     failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
                 if not torch.equal(r.tokens, reference[i])]
@@ -702,6 +718,7 @@ def replay_grid(
     n_boot: int = 2000,
     seed: int = 0,
     processes: int = 0,
+    fast: bool = True,
 ) -> list[GridRow]:
     """A :class:`GridRow` per ``(shape name, cost model)`` of ``grid``: the built-ins (default
     :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model.
@@ -710,13 +727,13 @@ def replay_grid(
     processes (started fresh, one thread each; at most one per cost model). Each row is a function
     of its cost model alone (its bootstrap is seeded with ``seed``), so the rows are the same
     either way. Workers that cannot start or that die are reported in one line, and the rows are
-    then computed here.
+    then computed here. ``fast``: as :func:`replay_comparison`'s.
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
         raise ValueError(f"processes must be an integer >= 0, got {processes!r}")
     names = list(builtins) if builtins is not None else grid_builtins()
-    replayed = {spec: [replay(ch, spec) for ch in eval_chains] for spec in names}
-    job = (list(eval_chains), list(calibration_chains), names, list(calibrated), default, n_boot, seed, replayed)
+    replayed = {spec: [replay(ch, spec, fast=fast) for ch in eval_chains] for spec in names}
+    job = (list(eval_chains), list(calibration_chains), names, list(calibrated), default, n_boot, seed, replayed, fast)
     if processes and len(grid) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -773,9 +790,9 @@ def _grid_worker_row(point: tuple[str, CostModel]) -> GridRow:
 
 
 def _grid_point(job: tuple, shape: str, costs: CostModel) -> GridRow:
-    eval_chains, calibration_chains, names, calibrated, default, n_boot, seed, replayed = job
+    eval_chains, calibration_chains, names, calibrated, default, n_boot, seed, replayed, fast = job
     cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
-                            cold=False, replayed=replayed)
+                            cold=False, replayed=replayed, fast=fast)
     return grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed)
 
 
