@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "companion.tiny_pair.cli",   # retrain / pair-report: the embedded default model pair
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
     "companion.distill.cli",     # build-drafter: SmolLM2's distilled drafter
+    "companion.weights.cli",     # fetch-weights: models from the package index, converted once
     "companion.book.cli",        # reproduce / build-book: run every notebook, build the HTML book
 )
 

@@ -107,3 +107,26 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+#: Set to 0 or 1 to override :func:`cpu_has_bf16` (to rehearse the fp32 fallback on a CPU that has bf16).
+CPU_BF16_ENV = "COMPANION_CPU_BF16"
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX-512 and AMX bf16, Arm's BF16 extension
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (``/proc/cpuinfo`` flags; ``$COMPANION_CPU_BF16`` overrides).
+
+    Without such instructions torch still runs bf16 models, converting to float32 and back at
+    every operation, which is slower than float32 itself; the models whose registry dtype is
+    bf16 then load in float32 (:func:`companion.models.load_pair` says so in one line).
+    """
+    forced = os.environ.get(CPU_BF16_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            flags = {f for line in fh if line.startswith(("flags", "Features")) for f in line.split(":", 1)[1].split()}
+    except OSError:
+        return platform.machine().lower() in ("arm64",) and platform.system() == "Darwin"  # Apple M2 and later
+    return any(f in flags for f in _BF16_FLAGS)

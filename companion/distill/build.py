@@ -12,7 +12,7 @@ and renamed into place at the end, so an interrupted build leaves the previous o
 The held-out split is never read here: the book measures the drafter on it.
 
 The folder holds no tokenizer (3.5 MB) and no embedding (57 MB in bfloat16): its manifest
-records the sha256 of the vocabulary it was trained on, and :func:`companion.smollm2.drafter_dir`
+records the sha256 of the vocabulary it was trained on, and :func:`companion.weights.distilled_drafter.drafter_dir`
 refuses it unless the converted target's tokenizer has that very vocabulary; it then assembles
 a loadable folder from these files, the target's embedding and the target's tokenizer.
 """
@@ -51,7 +51,7 @@ def split_validation(items: list) -> tuple[list, list]:
 
 def file_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file in ``root`` but the manifest."""
-    from companion.smollm2 import file_sha256
+    from companion.weights.fetch import file_sha256
 
     return {p.name: file_sha256(p) for p in sorted(root.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
 
@@ -100,7 +100,7 @@ def build_drafter(cfg: DrafterConfig, out: str | os.PathLike[str], *, checkpoint
     staging.chmod(0o755)
     try:
         # Everything but the embedding, which is the target's (frozen in training): the loader adds it back
-        # from the converted target (companion.smollm2.drafter_dir), which keeps the asset within 25 MB.
+        # from the converted target (companion.weights.distilled_drafter.drafter_dir), which keeps the asset within 25 MB.
         own = {k: v for k, v in saved.state_dict().items() if k != SHARED_EMBEDDING_KEY}
         saved.save_pretrained(staging, safe_serialization=True, state_dict=own)
         n_params = model.own_parameters()

@@ -1,0 +1,3 @@
+from companion.weights.cli import main
+
+raise SystemExit(main())
