@@ -139,3 +139,45 @@ def test_a_subclass_of_a_builtin_goes_through_the_reference(make):
     rec = RecordedChains((1, 1, 1), ((step, step), (step,), ()), (0.0,) * 3, 3)
     assert replay(rec, pol).submitted == [0, 0, 0]
     assert replay(rec, make()).submitted == replay(rec, make(), fast=False).submitted == [2]
+
+
+# -- the drafter rows: top entries in float64, the tail in float32 ------------------------------------
+@pytest.mark.parametrize("scale", [0.5, 3.0, 20.0])
+def test_steps_read_the_float64_softmax_up_to_the_float32_tail(scale):
+    """_steps against the decoder's float64 softmax over the whole row (_steps_float64): the same tokens,
+    and q(1), q(2), the certificate equal up to the tail's float32 rounding. Bound: each tail term and the
+    cascade sum carry a few float32 epsilons (6e-8) relative, and the tail is at most the whole of S, so
+    2e-6 relative on q(i) (measured: 1e-7 on flat rows, 1e-8 where q(1) > 0.9); the certificate is a
+    smooth function of both, checked at 1e-5."""
+    import torch
+
+    from companion.speculative.replay import _steps, _steps_float64
+
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    x = torch.randn(64, 151936, generator=gen) * scale
+    x[:, 7] += torch.linspace(0.0, 25.0, 64)          # from flat rows to confident ones
+    x[3, 11] = x[3].max()                             # an exact tie of the two largest logits
+    x[5, :1000] = -math.inf                           # masked entries
+    got, tokens = _steps(x)
+    want, want_tokens = _steps_float64(x)
+    assert torch.equal(tokens, want_tokens) and tokens.tolist() == [s.token for s in got]
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.token == b.token, i
+        assert a.q1 == pytest.approx(b.q1, rel=2e-6) and a.q2 == pytest.approx(b.q2, rel=2e-6), (i, a, b)
+        assert a.rho == pytest.approx(b.rho, rel=1e-5, abs=1e-12), (i, a, b)
+        assert 0.0 <= a.q2 <= a.q1 <= 1.0
+    assert got[3].q1 == got[3].q2 and got[3].rho == 0.0 == want[3].rho
+
+
+def test_steps_on_a_small_vocabulary_are_the_float64_softmax():
+    """With fewer entries than the float64 head there is no float32 tail: q(1), q(2) to float64 rounding."""
+    import torch
+
+    from companion.speculative.replay import _steps, _steps_float64
+
+    x = torch.tensor([[0.5, 2.0, -1.0], [3.0, 3.0, 0.0], [1.0, -2.0, 0.25]])
+    got, _ = _steps(x)
+    want, _ = _steps_float64(x)
+    for a, b in zip(got, want):
+        assert a.token == b.token
+        assert a.q1 == pytest.approx(b.q1, rel=1e-15) and a.q2 == pytest.approx(b.q2, rel=1e-15)

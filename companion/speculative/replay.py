@@ -128,10 +128,58 @@ class RecordedChains:
         return sum(self.matched) / len(self.matched) if self.matched else math.nan
 
 
+_HEAD = 8
+"""Entries of a drafter row whose probabilities :func:`_steps` works out in float64 (the largest logits)."""
+_ROWS = 8
+"""Rows of logits :func:`_steps` exponentiates at a time (a small buffer, reused, instead of a ``[B, V]`` copy)."""
+
+
 def _steps(logits: Tensor) -> tuple[list[DraftStep], Tensor]:
-    """The drafter's greedy token per row of ``logits [B, V]`` and what a policy reads there, as the decoder
-    computes it (argmax, ``q(1)``, ``q(2)`` and the strict-greedy certificate, from ``softmax`` in float64),
-    and the tokens ``[B]``."""
+    """The drafter's greedy token per row of ``logits [B, V]`` (float32) and what a policy reads there, and the
+    tokens ``[B]``: the argmax (first index among ties, as the decoder's ``torch.argmax``), ``q(1)``, ``q(2)``
+    and the strict-greedy certificate ``-log(1 - (sqrt q(1) - sqrt q(2))^2)``.
+
+    ``q(i) = exp(z_(i) - m) / S`` with ``m`` the row's largest logit and ``S = sum_v exp(z_v - m)``. The
+    ``_HEAD`` largest terms (``q(1)``'s and ``q(2)``'s among them) are taken in float64 from the float32
+    logits (``z - m`` is then exact); the rest of the row, the tail, in float32 (one pass over a reused
+    buffer, cascade-summed), which is where the time went: the decoder's ``softmax(logits.double())``
+    converts and exponentiates the whole row in float64 and writes it out (about 4x slower at
+    ``[128, 151936]``). So ``q(1)`` and ``q(2)`` are those of the float64 softmax up to the tail's float32
+    rounding, relative ``~1e-7`` times the tail's share of ``S`` (measured at most ``1e-7`` on flat random
+    rows, ``~1e-8`` where ``q(1) > 0.9``): below what the recording already differs from a live decode by
+    (its logits come from other batch shapes, and a float32 logit ``z ~ 10`` alone carries ``~1e-6``
+    relative in ``exp(z)``), so a policy's decision can only differ where it sits on a boundary within that,
+    as before. No decision reads a float64 tie: the token is the float32 argmax, and an exact tie of the two
+    largest logits still gives ``q(1) == q(2)`` exactly (certificate 0).
+
+    Float64 over the whole vocabulary is still needed, and kept, in :func:`record_chains`' ``KL(p || q)``
+    (every entry of both rows enters the sum, and ``cal=kl`` ranks those divergences) and in the live
+    decoder, whose ``q(1)``, ``q(2)`` are the float64 softmax's.
+    """
+    tokens = logits.argmax(-1)
+    b, v = logits.shape
+    top = logits.topk(min(_HEAD, v), dim=-1)
+    m = top.values[:, :1]
+    head = torch.exp(top.values.double() - m.double())    # [B, HEAD], head[:, 0] = 1
+    tail = torch.empty(b, dtype=torch.float64, device=logits.device)
+    buf = torch.empty((min(_ROWS, b), v), dtype=logits.dtype, device=logits.device)
+    for r in range(0, b, _ROWS):
+        e = buf[:min(_ROWS, b - r)]
+        torch.sub(logits[r:r + _ROWS], m[r:r + _ROWS], out=e)
+        e.exp_()
+        e.scatter_(-1, top.indices[r:r + _ROWS], 0.0)      # the head is summed in float64
+        tail[r:r + _ROWS] = e.sum(-1)
+    total = head.sum(-1) + tail
+    q1 = head[:, 0] / total
+    q2 = head[:, 1] / total if head.shape[1] > 1 else torch.zeros_like(q1)
+    steps = [DraftStep(token=t, q1=a, q2=c, rho=drafter_rho(logits[i], _GREEDY, a, c))
+             for i, (t, a, c) in enumerate(zip(tokens.tolist(), q1.tolist(), q2.tolist()))]
+    return steps, tokens
+
+
+def _steps_float64(logits: Tensor) -> tuple[list[DraftStep], Tensor]:
+    """:func:`_steps` as the decoder computes it, from ``softmax`` in float64 over the whole row (the
+    reference: ``benchmarks/bench_replay.py`` times both and ``tests/test_replay_fast.py`` compares them)."""
     tokens = logits.argmax(-1)
     q = torch.softmax(logits, -1, dtype=torch.float64)   # bit for bit softmax(logits.double())
     top = torch.topk(q, 2, dim=-1)
