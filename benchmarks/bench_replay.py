@@ -1,0 +1,171 @@
+"""Chapter 10's replay of the policy grid and record_chains' drafter rows: the reference path and the fast path, side by side.
+
+Run from the repository root (about a minute and a half on one core)::
+
+    python benchmarks/bench_replay.py                       # 32 + 4 recordings of 128 tokens, 18 cost models
+    python benchmarks/bench_replay.py --prompts 12 --grid 4 --repeats 1
+
+It records, once, the embedded closed-world pair's greedy answers to ``--prompts`` held-out
+standard-library openings (long texts) and ``--calib`` more (the calibrated rules' warm-up), then
+times on those same recordings, alternating the two paths ``--repeats`` times and keeping each
+one's fastest run:
+
+1. **built-ins**: every policy of :func:`~companion.speculative.replay.grid_builtins` (transformers'
+   ``constant``, ``confidence`` and ``heuristic`` schedules) replayed on every evaluated recording:
+   ``replay(..., fast=False)``, which drives each policy call by call (the reference, as before),
+   against the array replay (``fast=True``, :mod:`companion.speculative.replay_fast`), the
+   per-recording arrays built inside the timed run;
+2. **oracle**: :func:`~companion.speculative.oracle_result` on every recording for every cost model,
+   the reference dynamic programme against the array one;
+3. **grid**: :func:`~companion.speculative.replay_grid` over the chapter's cost models (3 shapes of
+   ``V(k)`` times the ``c`` values; ``--grid`` takes the first few), ``n_boot`` 2000, in this process,
+   ``fast=False`` against ``fast=True``. Both run the calibrated rules the same way (policy objects
+   driven call by call, whose float64 value iteration dominates the grid; its own speed-up, the
+   same arithmetic with less overhead, is in both columns and so not in this ratio);
+4. **_steps**: a drafter row's ``q(1)``, ``q(2)`` and certificate on ``[128, 151936]`` float32 logits
+   (a Qwen-sized vocabulary, random logits from flat to confident rows), the float64 softmax over
+   the whole row (:func:`~companion.speculative.replay._steps_float64`, the reference) against the
+   float64 head and float32 tail of :func:`~companion.speculative.replay._steps`.
+
+For each it prints both times and the ratio reference / fast, and checks that the results agree:
+the same rounds for every replay, the same grid rows field for field, the same tokens for
+``_steps`` with the largest relative ``q`` difference printed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def held_out_openings(n: int, chars: int = 240) -> list[str]:
+    """The first ``chars`` characters of the first ``n`` plain-ASCII held-out standard-library files (the
+    embedded pair continues Python source for as long as it is asked: long greedy texts)."""
+    from companion.tiny_pair import corpus as corpus_mod
+
+    _, held = corpus_mod.split_corpus(corpus_mod.load_corpus(None))
+    texts = [f.text[:chars] for f in held if len(f.text) >= chars and f.text[:chars].isascii()]
+    if len(texts) < n:
+        raise SystemExit(f"error: only {len(texts)} held-out files have {chars} plain characters; {n} were asked for")
+    return texts[:n]
+
+
+def best_of(repeats: int, runs: dict[str, Callable[[], Any]]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Each run's fastest time over ``repeats`` rounds, the runs alternating within a round; and its last result."""
+    times = {name: math.inf for name in runs}
+    results: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            results[name] = run()
+            times[name] = min(times[name], time.perf_counter() - t0)
+    return times, results
+
+
+def rounds(r) -> tuple:
+    return (r.tokens.tolist(), r.accepted, r.submitted, r.drafted, r.draft_tokens, r.target_forwards,
+            r.drafter_forwards, r.ended_by_eos, r.policy)
+
+
+def row_key(r) -> dict:
+    return {**r.__dict__, "gap_closed": {p: ("nan" if math.isnan(x) else x) for p, x in r.gap_closed.items()}}
+
+
+def line(what: str, times: dict[str, float], same: bool, extra: str = "") -> None:
+    ref, fast = times["reference"], times["fast"]
+    print(f"{what:<10} reference {ref:8.3f} s   fast {fast:8.3f} s   ratio {ref / fast:6.1f}x   "
+          f"{'same results' if same else 'RESULTS DIFFER'}{extra}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=32, help="evaluated recordings (chapter 10: 32)")
+    ap.add_argument("--calib", type=int, default=4, help="calibration recordings (chapter 10: 4)")
+    ap.add_argument("--tokens", type=int, default=128, help="greedy answer length (chapter 10: 128)")
+    ap.add_argument("--grid", type=int, default=18, help="cost models of the grid replayed (at most 18)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of each path (the fastest is kept)")
+    ap.add_argument("--steps-rows", type=int, default=128, help="rows of the [rows, 151936] logits for _steps")
+    args = ap.parse_args(argv)
+    for name in ("prompts", "tokens", "grid", "repeats", "steps_rows"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.calib < 0:
+        print(f"error: --calib must be >= 0, got {args.calib}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from companion.models import load_pair
+    from companion.speculative import CostModel, oracle_result, record_many, replay, replay_grid
+    from companion.speculative.replay import _steps, _steps_float64, grid_builtins
+
+    torch.set_num_threads(1)
+    target, drafter, tok = load_pair("closed-world")
+    texts = held_out_openings(args.prompts + args.calib)
+    ids = [tok(t, return_tensors="pt", add_special_tokens=False).input_ids for t in texts]
+    t0 = time.perf_counter()
+    chains = record_many(target, drafter, ids, max_new_tokens=args.tokens)
+    evals, calib = chains[:args.prompts], chains[args.prompts:]
+    print(f"recorded {len(chains)} answers ({sum(len(c.tokens) for c in chains)} tokens) in "
+          f"{time.perf_counter() - t0:.1f} s; timing the best of {args.repeats} runs per path, one thread", flush=True)
+
+    def forget_arrays() -> None:
+        for ch in chains:
+            object.__setattr__(ch, "_arrays", None)   # the fast path builds them inside its timed run
+
+    # 1. built-ins
+    names = grid_builtins()
+
+    def builtins(fast: bool) -> list:
+        if fast:
+            forget_arrays()
+        return [[rounds(replay(ch, spec, fast=fast)) for ch in evals] for spec in names]
+
+    times, res = best_of(args.repeats, {"reference": lambda: builtins(False), "fast": lambda: builtins(True)})
+    line("built-ins", times, res["reference"] == res["fast"], f"   ({len(names)} policies x {len(evals)} answers)")
+
+    # 2. oracle, 3. grid over the chapter's cost models
+    shapes = {"flat": (1.0,), "gentle": (1.0,) + tuple(1.0 + 0.02 * k for k in range(1, 41)),
+              "cpu": (1.0, 1.4, 1.45)}   # chapter 10's shapes; its "cpu" is measured there, this one is a typical CPU V(k)
+    grid = [(shape, CostModel(c=c, verify=v)) for shape, v in shapes.items()
+            for c in (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)][:args.grid]
+
+    def oracle(fast: bool) -> list:
+        if fast:
+            forget_arrays()
+        return [[rounds(oracle_result(ch, costs, fast=fast)) for ch in evals] for _, costs in grid]
+
+    times, res = best_of(args.repeats, {"reference": lambda: oracle(False), "fast": lambda: oracle(True)})
+    line("oracle", times, res["reference"] == res["fast"], f"   ({len(grid)} cost models x {len(evals)} answers)")
+
+    def whole(fast: bool) -> list:
+        if fast:
+            forget_arrays()
+        return [row_key(r) for r in replay_grid(evals, calib, grid, n_boot=2000, fast=fast)]
+
+    times, res = best_of(args.repeats, {"reference": lambda: whole(False), "fast": lambda: whole(True)})
+    line("grid", times, res["reference"] == res["fast"], f"   ({len(grid)} cost models, {len(names)} built-ins + "
+                                                         f"4 calibrated rules + oracle each)")
+
+    # 4. _steps
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(args.steps_rows, 151936, generator=gen) * 3.0
+    logits[:, 7] += torch.linspace(0.0, 25.0, args.steps_rows)   # from flat rows to confident ones
+    times, res = best_of(args.repeats, {"reference": lambda: _steps_float64(logits), "fast": lambda: _steps(logits)})
+    (ref_steps, ref_tokens), (new_steps, new_tokens) = res["reference"], res["fast"]
+    worst = max(max(abs(a.q1 - b.q1) / b.q1, abs(a.q2 - b.q2) / b.q2) for a, b in zip(new_steps, ref_steps))
+    line("_steps", times, torch.equal(ref_tokens, new_tokens),
+         f" tokens   ([{args.steps_rows}, 151936] float32; largest relative q difference {worst:.1e})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
