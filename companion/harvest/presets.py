@@ -1,17 +1,22 @@
 """Harvest presets: SmolLM2 and the closed-world pair on a CPU, and the paper's two Qwen3 settings.
 
-==================== ===================== ================= =========================================
-preset               target                drafter           prompts
-==================== ===================== ================= =========================================
-``smollm2``          SmolLM2-135M-Instruct distilled here    the project's chat requests, held-out split
-``closed-world``     embedded target       embedded drafter  the embedded held-out prompt set
-``paper-qwen3-1.7b`` Qwen/Qwen3-1.7B       Qwen/Qwen3-0.6B   500 UltraChat-200k prompts (below)
-``paper-qwen3-4b``   Qwen/Qwen3-4B         Qwen/Qwen3-0.6B   the same 500 prompts
-==================== ===================== ================= =========================================
+======================== ============================ ============================ ===============================
+preset                   target                       drafter                      prompts
+======================== ============================ ============================ ===============================
+``qwen2.5-coder``        Qwen2.5-Coder-1.5B-Instruct  Qwen2.5-Coder-0.5B-Instruct  the project's chat requests
+``qwen2.5-coder-0.5b``   Qwen2.5-Coder-0.5B-Instruct  none                         the project's chat requests
+``smollm2``              SmolLM2-135M-Instruct        distilled here               the project's chat requests
+``closed-world``         embedded target              embedded drafter             the embedded held-out prompt set
+``paper-qwen3-1.7b``     Qwen/Qwen3-1.7B              Qwen/Qwen3-0.6B              500 UltraChat-200k prompts
+``paper-qwen3-4b``       Qwen/Qwen3-4B                Qwen/Qwen3-0.6B              the same 500 prompts
+======================== ============================ ============================ ===============================
 
-``default`` is the former name of ``closed-world`` and still means it. ``smollm2`` is the book's
-default real target on a CPU (:mod:`companion.smollm2`: the weights come from the package
-index); its prompts are written for this project in the paper's shape (chat requests of many
+``default`` is the former name of ``closed-world`` and still means it. ``qwen2.5-coder`` is the
+book's main pair on a CPU: Qwen's own Q4_K_M GGUF files of Qwen2.5-Coder-1.5B-Instruct and
+0.5B-Instruct (Apache-2.0), dequantised to bfloat16 (float32 on a CPU without bf16), from the
+package index (:mod:`companion.weights`); their vocabulary (151,936) is the size of Qwen3's.
+``qwen2.5-coder-0.5b`` is the 0.5B as a target on its own, and ``smollm2`` the small model with the
+drafter this project distilled for it (the weights, likewise, from the package index). Their prompts are written for this project in the paper's shape (chat requests of many
 kinds, at least 64 tokens with the chat template; :mod:`companion.chat_requests`).
 
 All of them decode 128 greedy steps per prompt and compute the paper's criteria
@@ -93,6 +98,18 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
+    "qwen2.5-coder": Preset(
+        name="qwen2.5-coder",
+        description="Qwen2.5-Coder-1.5B-Instruct with Qwen2.5-Coder-0.5B-Instruct as its drafter (Q4_K_M GGUF from "
+                    "the package index, in bfloat16), on the project's chat requests (held-out split; runs on a CPU)",
+        target="qwen2.5-coder", drafter="qwen2.5-coder", prompts="chat-requests", min_prompt_tokens=64,
+    ),
+    "qwen2.5-coder-0.5b": Preset(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct as a target on its own (Q4_K_M GGUF from the package index, in "
+                    "bfloat16), on the project's chat requests (held-out split; runs on a CPU)",
+        target="qwen2.5-coder-0.5b", drafter=None, prompts="chat-requests", min_prompt_tokens=64,
+    ),
     "smollm2": Preset(
         name="smollm2",
         description="SmolLM2-135M-Instruct, a real instruct LLM from the package index, on the project's chat "

@@ -55,6 +55,11 @@ SCHEMA: tuple[Column, ...] = (
     Column("top2_tie", "bool", "step", False,
            "The target's two largest logits are exactly equal (bf16 produces such ties); g is then "
            "decided by token id alone. Counted in the manifest."),
+    Column("logit_top1", "float64", "step", False,
+           "z(1): the target's largest logit, as the model computed it (in its dtype); the scale of its rounding."),
+    Column("logit_gap", "float64", "step", False,
+           "z(1) - z(2): the gap between the target's two largest logits (0 on exact ties). A gap within "
+           "companion.harvest.ties.tie_band(z(1)) can flip between the kernel paths of one decoder (a near tie)."),
     Column("top_probs", "list<float64>", "step", False,
            "p(1), ..., p(k): the target's top-k probabilities (k = top_k, default 64), decreasing."),
     Column("top_ids", "list<int32>", "step", False,
@@ -76,6 +81,9 @@ SCHEMA: tuple[Column, ...] = (
            "TV(p, q) = sum |p - q| / 2; speculative sampling accepts a draft x ~ q with probability 1 - TV."),
     Column("draft_token", "int32", "step", True, "d: the drafter's greedy token (id-based argmax of its logits)."),
     Column("draft_p", "float64", "step", True, "p_d: the target's probability of the drafter's token."),
+    Column("draft_logit_top1", "float64", "step", True, "The drafter's largest logit, as the model computed it."),
+    Column("draft_logit_gap", "float64", "step", True,
+           "The gap between the drafter's two largest logits (0 on exact ties): its near ties, as logit_gap's."),
     Column("draft_rank", "int32", "step", True,
            "Rank of d under the target, 1-based, exact ties to the lowest id (first index wins, as argmax): "
            "1 + #{z : p_z > p_d} + #{z < d : p_z == p_d}."),

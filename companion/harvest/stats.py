@@ -95,6 +95,8 @@ class StepStatistics:
         out["top10_mass"] = values[:, :10].sum(1)
         top2 = logits_p.gather(1, idx[:, :2])
         out["top2_tie"] = top2[:, 0] == top2[:, 1]
+        out["logit_top1"] = top2[:, 0].double()
+        out["logit_gap"] = top2[:, 0].double() - top2[:, 1].double()
         out["top_probs"] = values[:, : self.top_k]
         out["top_ids"] = idx[:, : self.top_k]
         # Mass beyond the stored top-k, summed on its own scale (never 1 - sum of the top-k).
@@ -121,6 +123,9 @@ class StepStatistics:
 
         d = logits_q.argmax(-1)  # id-based: the first maximal index
         out["draft_token"] = d
+        top2_q = logits_q.topk(2, dim=-1).values.double()
+        out["draft_logit_top1"] = top2_q[:, 0]
+        out["draft_logit_gap"] = top2_q[:, 0] - top2_q[:, 1]
         # Ranks on the logits (the same order as the probabilities), exact ties to the lowest id.
         draft_rank = index_rank(logits_p, d)
         out["draft_rank"] = draft_rank
