@@ -454,7 +454,7 @@ def test_damaged_shard_is_named_on_load_and_recomputed_on_resume(pair, tmp_path,
     again = harvest(target, drafter, tok, TEXTS[:6], out, **kwargs)
     err = capsys.readouterr().err
     assert err.startswith(f"companion harvest: {bad} is damaged (") and err.endswith("); recomputing shard 1\n")
-    assert again["status"] == "complete" and again["runs"][-1]["rows"] == 2 * 6
+    assert again["status"] == "complete" and again["runs"][-1]["rows"] == len(first["shards"][1]["prompt_ids"]) * 6
     _assert_tables_equal(load_traces(out), reference)
     # The recomputed shard's rows are bit-identical (above); its file differs (it records its compute
     # time), and the manifest now holds that file's sha256.
@@ -758,3 +758,93 @@ def test_a_stop_request_ends_the_harvest_as_ctrl_c_does(pair, tmp_path) -> None:
     again = harvest(target, drafter, tok, TEXTS[:4], out, n_steps=2, batch_size=1, prompts_per_shard=1,
                     chunk_steps=1, progress=False)
     assert again["status"] == "complete" and again["totals"]["shards"] == 4
+
+
+# -------------------------------------------------------------------------------------------------
+# Shard plan: balanced by work, every prompt once
+
+
+def _count_plan(token_ids: list[list[int]], per_shard: int) -> list[list[int]]:
+    """The plan before it was balanced by work: length-sorted runs of ``per_shard`` prompts."""
+    positions = sorted(range(len(token_ids)), key=lambda i: (len(token_ids[i]), i))
+    return [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
+
+
+def _rank_work(plan: list[list[int]], token_ids: list[list[int]], n_steps: int, world: int) -> list[int]:
+    """Each process's work (prompt tokens + n_steps per prompt) when shard i goes to rank i mod world."""
+    from companion.harvest.core import shard_work
+
+    work = [0] * world
+    for i, shard in enumerate(plan):
+        work[i % world] += sum(shard_work(len(token_ids[j]), n_steps) for j in shard)
+    return work
+
+
+def _check_plan(plan: list[list[int]], token_ids: list[list[int]], per_shard: int, order: str) -> None:
+    from companion.harvest.core import shard_count
+
+    flat = [i for shard in plan for i in shard]
+    assert sorted(flat) == list(range(len(token_ids)))  # every prompt, once
+    assert len(plan) >= shard_count(len(token_ids), per_shard)
+    assert len(plan) % 2 == 0 or len(plan) in (1, len(token_ids))
+    assert all(1 <= len(s) <= per_shard for s in plan)
+    if order == "length":  # contiguous runs of the length order: batches pad little
+        assert flat == sorted(range(len(token_ids)), key=lambda i: (len(token_ids[i]), i))
+    else:
+        assert flat == list(range(len(token_ids)))
+
+
+@pytest.mark.parametrize("n", [36, 50, 101, 333])
+@pytest.mark.parametrize("per_shard", [8, 16, 32])
+@pytest.mark.parametrize("order", ["length", "given"])
+def test_shard_plan_balances_two_processes_on_skewed_lengths(n: int, per_shard: int, order: str) -> None:
+    from companion.harvest.core import _shard_plan
+
+    rng = np.random.default_rng(n * 100 + per_shard)
+    # log-uniform prompt lengths from 16 to 1,024 tokens: a 64-fold skew
+    lengths = np.exp(rng.uniform(np.log(16), np.log(1024), n)).astype(int)
+    token_ids = [[1] * int(k) for k in lengths]
+    plan = _shard_plan(token_ids, order, per_shard, 128)
+    _check_plan(plan, token_ids, per_shard, order)
+    work = _rank_work(plan, token_ids, 128, 2)
+    assert max(work) <= 1.15 * min(work), work
+
+
+def test_shard_plan_edge_cases() -> None:
+    from companion.harvest.core import _shard_plan, shard_count
+
+    assert _shard_plan([], "length", 4, 10) == [] and shard_count(0, 4) == 0
+    assert _shard_plan([[1, 2]], "length", 4, 10) == [[0]]
+    assert _shard_plan([[1, 2], [3]], "length", 2, 10) == [[1, 0]]  # one batch holds them: one shard
+    assert shard_count(3, 8) == 1 and shard_count(3, 2) == 2 and shard_count(10, 1) == 10 and shard_count(36, 16) == 4
+    one_each = _shard_plan([[1]] * 5, "given", 1, 3)
+    assert one_each == [[0], [1], [2], [3], [4]]
+    # one prompt far longer than the rest: it sits alone at the end, the plan stays feasible
+    token_ids = [[1] * 10] * 9 + [[1] * 5000]
+    plan = _shard_plan(token_ids, "length", 4, 0)
+    _check_plan(plan, token_ids, 4, "length")
+    assert plan[-1] == [9]
+
+
+def test_shard_plan_on_the_chat_requests() -> None:
+    """The chapters' harvest: the first 36 chat requests, batch 16, 128 steps, two processes.
+    Counted in prompts the old plan gave one process 20 prompts and the other 16."""
+    from companion.harvest.core import _shard_plan, shard_work
+
+    path = ROOT / "companion" / "assets" / "chat_requests" / "prompts.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:36]]
+    token_ids = [[1] * r["n_tokens"] for r in rows]
+    for name, plan in (("old (16 prompts a shard)", _count_plan(token_ids, 16)),
+                       ("new (balanced by work)", _shard_plan(token_ids, "length", 16, 128))):
+        shard_w = [sum(shard_work(len(token_ids[i]), 128) for i in s) for s in plan]
+        work = _rank_work(plan, token_ids, 128, 2)
+        prompts = [sum(len(s) for i, s in enumerate(plan) if i % 2 == r) for r in range(2)]
+        print(f"{name}: shards {[len(s) for s in plan]} prompts, work {shard_w} tokens; "
+              f"process 0 {prompts[0]} prompts {work[0]} tokens, process 1 {prompts[1]} prompts {work[1]} tokens, "
+              f"ratio {max(work) / min(work):.3f}")
+    plan = _shard_plan(token_ids, "length", 16, 128)
+    _check_plan(plan, token_ids, 16, "length")
+    work = _rank_work(plan, token_ids, 128, 2)
+    assert max(work) <= 1.15 * min(work), work
+    old = _rank_work(_count_plan(token_ids, 16), token_ids, 128, 2)
+    assert max(work) / min(work) < max(old) / min(old)

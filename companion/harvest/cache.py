@@ -115,10 +115,10 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     # Chapters 7, 8 and 10 share this folder and `companion reproduce` may run them at once: the
     # others wait here, then find the first one's complete harvest and reuse it.
     with exclusive(out):
-        from companion.harvest.core import default_batch_size
+        from companion.harvest.core import default_batch_size, shard_count
 
         # no more processes than cores, or than shards (one per batch of prompts) to deal out
-        shards = -(-n_prompts // (batch_size or default_batch_size(dev)))
+        shards = shard_count(n_prompts, batch_size or default_batch_size(dev))
         processes = min(processes, usable_cores(), shards) if dev.type == "cpu" else 1
         if processes > 1 and not out.exists():
             failure = _harvest_in_processes(job, out, processes)

@@ -1,6 +1,7 @@
 """``harvest``: traces of many prompts, sharded, resumable, and split across processes."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -144,8 +145,10 @@ def harvest(
     target's generation config and the tokenizer's).
 
     Batching: prompts are ordered (``order="length"``: by token count then position, which
-    minimises padding; ``"given"``: as given) and cut into shards of ``prompts_per_shard``
-    (default ``batch_size``), each decoded in batches of ``batch_size`` (default 32 on CUDA, 8 on
+    minimises padding; ``"given"``: as given) and cut into shards of at most ``prompts_per_shard``
+    prompts (default ``batch_size``) and about equal work (prompt tokens + ``n_steps``), an even
+    number of them unless one holds every prompt, so that two processes get halves within 10%
+    (:func:`_shard_plan`); each is decoded in batches of ``batch_size`` (default 32 on CUDA, 8 on
     the CPU). ``chunk_steps`` steps are reduced to statistics at a time (default: about 256 rows
     on CUDA, 1 on the CPU); the drafter is fed one block of tokens per forward.
 
@@ -185,11 +188,11 @@ def harvest(
     eos = resolve_eos(target, tokenizer, eos_token_ids) if stop_at_eos else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     schema = arrow_schema(settings.specs, settings.widths, drafter is not None, top_k)
+    shards = _shard_plan(token_ids, order, settings.per_shard, n_steps)
     config = _run_config(target, drafter, tokenizer, plist, settings, n_steps=n_steps, order=order,
                          stop_at_eos=stop_at_eos, eos=eos, pad_id=pad_id, add_special_tokens=add_special_tokens,
-                         seed=seed, columns=schema.names)
+                         seed=seed, columns=schema.names, shards=shards)
     digest = store.config_digest(config)
-    shards = _shard_plan(token_ids, order, settings.per_shard)
     checksums = _open_manifest(out, config, digest, dist, say, device=target.device, schema=schema, prompt_set_name=prompt_set_name,
                                extra=extra, started=started)
 
@@ -293,8 +296,10 @@ def _tokenized_prompts(prompts: Sequence[Prompt | str | dict[str, Any]], tokeniz
 
 def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Prompt], st: _Settings, *,
                 n_steps: int, order: str, stop_at_eos: bool, eos: list[int], pad_id: int, add_special_tokens: bool,
-                seed: int, columns: list[str]) -> dict[str, Any]:
-    """Everything that determines a harvest's bits; its digest decides whether a folder may be resumed."""
+                seed: int, columns: list[str], shards: list[list[int]]) -> dict[str, Any]:
+    """Everything that determines a harvest's bits; its digest decides whether a folder may be resumed.
+    ``shards``: the plan (prompt positions per shard), recorded by its sha256: a shard file holds the
+    prompts of its index in one plan, so a folder cut by another plan (another version) is not resumed."""
     versions = store.package_versions()
     return {
         "target": store.model_identity(target),
@@ -312,6 +317,7 @@ def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Pr
         "prompts_per_shard": st.per_shard,
         "chunk_steps": st.chunk,
         "order": order,
+        "shard_plan": hashlib.sha256(json.dumps(shards).encode()).hexdigest(),
         "stop_at_eos": stop_at_eos,
         "eos_token_ids": eos,
         "pad_token_id": int(pad_id),
@@ -327,12 +333,79 @@ def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Pr
     }
 
 
-def _shard_plan(token_ids: list[list[int]], order: str, per_shard: int) -> list[list[int]]:
-    """Prompt positions of each shard: the same whatever the number of processes."""
+def shard_count(n_prompts: int, per_shard: int) -> int:
+    """The fewest shards :func:`_shard_plan` cuts ``n_prompts`` prompts into: ``ceil(n / per_shard)``,
+    rounded up to an even number (at most ``n``) when above one, so that two processes can get equal
+    halves (one shard, every prompt in one batch, stays one: a single batch does them fastest)."""
+    if n_prompts < 1:
+        return 0
+    count = -(-n_prompts // per_shard)
+    return count if count == 1 else min(n_prompts, count + count % 2)
+
+
+def shard_work(n_prompt_tokens: int, n_steps: int) -> int:
+    """A prompt's work in tokens: its prompt tokens plus the steps to decode (each step one token)."""
+    return n_prompt_tokens + n_steps
+
+
+# Two processes' shares of the work (shard i to rank i mod 2) may differ by this factor before the
+# plan takes more, smaller shards (a goal of 1.15, with room for the steps that end early at EOS).
+_BALANCE = 1.10
+
+
+def _shard_plan(token_ids: list[list[int]], order: str, per_shard: int, n_steps: int = 0) -> list[list[int]]:
+    """Prompt positions of each shard: the same whatever the number of processes.
+
+    The prompts are ordered (``"length"``: by token count then position, so that a batch pads
+    little; ``"given"``: as given) and cut into ``S`` contiguous runs of about equal work
+    (:func:`shard_work`: prompt tokens + ``n_steps``), none over ``per_shard`` prompts. With
+    ``C(j)`` the work of the first ``j`` prompts and ``W = C(n)``, the ``k``-th cut is the ``j``
+    closest to ``k W / S`` that leaves every run between 1 and ``per_shard`` prompts.
+
+    Shard ``i`` goes to the process of rank ``i mod world``. ``S`` is the first even count from
+    :func:`shard_count` up whose two halves (the even and the odd shards: two processes' shares)
+    differ by at most a factor 1.10; where ``per_shard`` caps the runs of short prompts, equal
+    work needs more, smaller runs. If no count up to four times :func:`shard_count` gets there
+    (say, one prompt longer than all the others together), the most balanced of them (the fewest
+    shards among equals).
+    """
     positions = list(range(len(token_ids)))
     if order == "length":
         positions.sort(key=lambda i: (len(token_ids[i]), i))
-    return [positions[i:i + per_shard] for i in range(0, len(positions), per_shard)]
+    n = len(positions)
+    if n == 0:
+        return []
+    cumulative = [0]
+    for i in positions:
+        cumulative.append(cumulative[-1] + shard_work(len(token_ids[i]), n_steps))
+    best: tuple[float, list[int]] | None = None
+    base = shard_count(n, per_shard)
+    for count in range(base, min(n, 4 * base) + 1, 2):
+        cuts = _equal_work_cuts(cumulative, count, per_shard)
+        halves = [sum(cumulative[b] - cumulative[a] for a, b in list(zip(cuts, cuts[1:]))[r::2]) for r in (0, 1)]
+        ratio = max(halves) / min(halves) if min(halves) > 0 else (1.0 if max(halves) == 0 else float("inf"))
+        if best is None or ratio < best[0]:
+            best = (ratio, cuts)
+        if ratio <= _BALANCE:
+            break
+    cuts = best[1]
+    return [positions[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _equal_work_cuts(cumulative: list[int], count: int, per_shard: int) -> list[int]:
+    """``count + 1`` cut positions ``0 = c_0 < ... < c_count = n``: each ``c_k`` the ``j`` with
+    ``cumulative[j]`` closest to ``k W / count`` (the first of equals) that leaves every run
+    between 1 and ``per_shard`` prompts (feasible for ``n / per_shard <= count <= n``)."""
+    n, total = len(cumulative) - 1, cumulative[-1]
+    cuts = [0]
+    for k in range(1, count):
+        # room for the runs still to come: each of the count - k left holds 1 to per_shard prompts
+        lo = max(cuts[-1] + 1, n - (count - k) * per_shard)
+        hi = min(cuts[-1] + per_shard, n - (count - k))
+        target = k * total / count
+        cuts.append(min(range(lo, hi + 1), key=lambda j: (abs(cumulative[j] - target), j)))
+    cuts.append(n)
+    return cuts
 
 
 def _open_manifest(out: Path, config: dict[str, Any], digest: str, dist: Distributed, say: Callable[[str], None], *,
