@@ -1,0 +1,356 @@
+"""Every policy replayed under many cost models, against the oracle: the comparison, the grid rows, their sentences."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from companion.speculative.compare import CALIBRATED, PolicyComparison, RatioEstimate, builtin_policies, display_name
+from companion.speculative.costs import CostModel
+from companion.speculative.decoder import SpeculativeResult
+from companion.speculative.oracle import _check_costs, oracle_result
+from companion.speculative.policies import parse_policy
+from companion.speculative.policy_replay import replay
+from companion.speculative.recording import RecordedChains, _check_chains
+
+ORACLE = "oracle"
+"""Row name of the oracle's rounds in a replayed comparison."""
+
+GRID_CONSTANTS: tuple[str, ...] = tuple(f"constant:{k}" for k in range(17))
+"""The constant schedules of the cost-model grid: K = 0 .. 16 (long drafts pay where verification is flat)."""
+
+
+def grid_builtins() -> list[str]:
+    """transformers' built-ins replayed on the cost-model grid: :data:`GRID_CONSTANTS`, ``confidence:T`` for
+    T = 0.1 .. 0.8 and the heuristic schedules (``constant:0`` first, the reference)."""
+    return list(GRID_CONSTANTS) + [s for s in builtin_policies() if not s.startswith("constant:")]
+
+
+def replay_comparison(
+    eval_chains: Sequence[RecordedChains],
+    calibration_chains: Sequence[RecordedChains],
+    costs: CostModel,
+    *,
+    builtins: Sequence[str],
+    calibrated: Sequence[str] = CALIBRATED,
+    cold: bool = True,
+    replayed: dict[str, list[SpeculativeResult]] | None = None,
+    fast: bool = True,
+) -> PolicyComparison:
+    """:func:`~companion.speculative.compare_policies` from recordings, priced with ``costs``, plus the oracle.
+
+    The same protocol: ``builtins`` (``constant:0`` first) replayed on every evaluated prompt;
+    each calibrated rule given ``costs``' knobs (``c``, ``v1``, ``dv``), warmed on
+    ``calibration_chains`` in order, and replayed on every evaluated prompt from a copy of that
+    warm state; a ``certificate (cold)`` row from the prior when ``cold``; and the
+    :data:`ORACLE` row (:func:`oracle_result`). ``replayed`` may hold built-in runs already
+    replayed on ``eval_chains`` (they do not depend on the cost model). The comparison's
+    ``fitted`` model is ``costs`` itself (a replay has no timings to fit). ``fast``: as :func:`replay`'s
+    and :func:`oracle_plan`'s (``False``: the reference paths, for comparison).
+    """
+    names = list(builtins)
+    if not names or names[0] != "constant:0":
+        raise ValueError(f"the built-ins must start with 'constant:0' (the reference decoding), got {names[:1]}")
+    if not eval_chains:
+        raise ValueError("no recordings to replay")
+    _check_costs(costs)
+    for i, ch in enumerate(eval_chains):
+        # an empty text has no token to price: its cost per token is NaN, and a NaN in the totals
+        # would make every policy's cost NaN
+        if not _check_chains(ch, f"eval_chains[{i}]").tokens:
+            raise ValueError(f"eval_chains[{i}] is an empty recording (max_new_tokens = {ch.max_new_tokens}): "
+                             "it has no token to price; leave it out")
+    for i, ch in enumerate(calibration_chains):
+        _check_chains(ch, f"calibration_chains[{i}]")
+    results: dict[str, list[SpeculativeResult]] = {}
+    for spec in names:
+        runs = (replayed or {}).get(spec)
+        results[spec] = list(runs) if runs is not None else [replay(ch, spec, fast=fast) for ch in eval_chains]
+    knobs = costs.policy_defaults()
+    for spec in calibrated:
+        warm = parse_policy(spec, **knobs)
+        for ch in calibration_chains:
+            replay(ch, warm)
+        results[display_name(spec)] = [replay(ch, warm.fresh()) for ch in eval_chains]
+    if cold:
+        results["certificate (cold)"] = [replay(ch, parse_policy("certificate", **knobs)) for ch in eval_chains]
+    results[ORACLE] = [oracle_result(ch, costs, fast=fast) for ch in eval_chains]
+    reference = [r.tokens for r in results["constant:0"]]
+    failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
+                if not torch.equal(r.tokens, reference[i])]
+    return PolicyComparison(results, names, costs, costs, failures)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """One cost model of the grid: every policy's cost against the oracle's and the certificate rule's ratios.
+
+    ``to_oracle[p]``: policy ``p``'s cost per token over the oracle's (total cost over total tokens
+    of the evaluated prompts). ``best_constant``: the cheapest of :data:`GRID_CONSTANTS`;
+    ``best_policy``: the cheapest of every policy replayed. Ratios with their 95 % paired
+    bootstrap intervals over prompts: ``cert_vs_constant`` (the certificate rule over the best
+    constant schedule, re-selected in every resample), ``cert_vs_default`` (over ``default``),
+    ``cert_vs_oracle`` and ``best_vs_oracle``. ``gap_closed[p]``: the share of the gap from the
+    best constant schedule down to the oracle that ``p`` closes, ``(C_const - C_p) / (C_const -
+    C_oracle)`` (negative when ``p`` costs more than the best constant schedule; ``nan`` when there
+    is no gap).
+    """
+
+    shape: str
+    c: float
+    oracle_cost: float
+    costs: dict[str, float]
+    to_oracle: dict[str, float]
+    best_constant: str
+    best_policy: str
+    default: str
+    cert_vs_constant: RatioEstimate
+    cert_vs_default: RatioEstimate
+    cert_vs_oracle: RatioEstimate
+    best_vs_oracle: RatioEstimate
+    gap_closed: dict[str, float]
+
+
+def grid_row(comparison: PolicyComparison, shape: str, *, default: str = "confidence:0.4",
+             certificate: str = "certificate", n_boot: int = 2000, seed: int = 0) -> GridRow:
+    """The :class:`GridRow` of one replayed comparison (see :func:`replay_comparison`)."""
+    policies = [p for p in comparison.policies if p != ORACLE]
+    constants = [p for p in comparison.builtins if p in GRID_CONSTANTS]
+    for name in (default, certificate):
+        if name not in policies:
+            raise ValueError(f"{name!r} was not replayed; policies: {policies}")
+    if not constants:
+        raise ValueError(f"no constant schedule among the built-ins {comparison.builtins}")
+    per_token = {p: comparison.summary(p).cost_per_token for p in comparison.policies}
+    oracle = per_token[ORACLE]
+    best_constant = min(constants, key=lambda p: (per_token[p], p))
+    best_policy = min(policies, key=lambda p: (per_token[p], p))
+    gap = per_token[best_constant] - oracle
+    closed = {p: (per_token[best_constant] - per_token[p]) / gap if gap > 0 else math.nan for p in policies}
+    return GridRow(
+        shape=shape, c=comparison.costs.c, oracle_cost=oracle,
+        costs={p: per_token[p] for p in policies},
+        to_oracle={p: per_token[p] / oracle for p in policies},
+        best_constant=best_constant, best_policy=best_policy, default=default,
+        cert_vs_constant=comparison.ratio(certificate, constants, n_boot=n_boot, seed=seed),
+        cert_vs_default=comparison.ratio(certificate, [default], n_boot=n_boot, seed=seed),
+        cert_vs_oracle=comparison.ratio(certificate, [ORACLE], n_boot=n_boot, seed=seed),
+        best_vs_oracle=comparison.ratio(best_policy, [ORACLE], n_boot=n_boot, seed=seed),
+        gap_closed=closed,
+    )
+
+
+def replay_grid(
+    eval_chains: Sequence[RecordedChains],
+    calibration_chains: Sequence[RecordedChains],
+    grid: Sequence[tuple[str, CostModel]],
+    *,
+    builtins: Sequence[str] | None = None,
+    calibrated: Sequence[str] = CALIBRATED,
+    default: str = "confidence:0.4",
+    n_boot: int = 2000,
+    seed: int = 0,
+    processes: int = 0,
+    fast: bool = True,
+) -> list[GridRow]:
+    """A :class:`GridRow` per ``(shape name, cost model)`` of ``grid``: the built-ins (default
+    :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model.
+
+    ``processes``: 0 computes every row here; ``N >= 1`` hands the cost models to ``N`` worker
+    processes (started fresh, one thread each; at most one per cost model). Each row is a function
+    of its cost model alone (its bootstrap is seeded with ``seed``), so the rows are the same
+    either way. Workers that cannot start or that die are reported in one line, and the rows are
+    then computed here. ``fast``: as :func:`replay_comparison`'s.
+    """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+        raise ValueError(f"processes must be an integer >= 0, got {processes!r}")
+    names = list(builtins) if builtins is not None else grid_builtins()
+    replayed = {spec: [replay(ch, spec, fast=fast) for ch in eval_chains] for spec in names}
+    job = (list(eval_chains), list(calibration_chains), names, list(calibrated), default, n_boot, seed, replayed, fast)
+    if processes and len(grid) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with ProcessPoolExecutor(max_workers=min(processes, len(grid)), mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_grid_worker_start, initargs=(job,)) as pool:
+                return list(pool.map(_grid_worker_row, grid))
+        except (BrokenProcessPool, OSError) as err:
+            print(f"replay_grid: the worker processes failed ({type(err).__name__}: {err}); replaying here instead")
+    return [_grid_point(job, shape, costs) for shape, costs in grid]
+
+
+def submit_replay_grid(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
+                       grid: Sequence[tuple[str, CostModel]], **kwargs: Any) -> Future[tuple[list[GridRow], float]]:
+    """:func:`replay_grid` started in the background: a future of ``(rows, seconds it took)``.
+
+    With ``processes >= 1`` the work happens in the worker processes, and the calling thread stays
+    free, e.g. to decode live on the other cores meanwhile (a thread of this process replays the
+    built-ins, under a second, then only waits on the workers); with ``processes = 0`` that thread
+    does all of it, sharing the interpreter with the caller. Arguments as :func:`replay_grid`'s:
+    ``processes`` is checked here, the others when the replay starts (the future raises their error).
+    """
+    processes = kwargs.get("processes", 0)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+        raise ValueError(f"processes must be an integer >= 0, got {processes!r}")
+    from concurrent.futures import ThreadPoolExecutor
+
+    def timed() -> tuple[list[GridRow], float]:
+        t0 = time.perf_counter()
+        rows = replay_grid(eval_chains, calibration_chains, grid, **kwargs)
+        return rows, time.perf_counter() - t0
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-grid")
+    try:
+        return pool.submit(timed)
+    finally:
+        pool.shutdown(wait=False)
+
+
+_GRID_JOB: tuple | None = None   # a grid worker process's shared inputs (set once by its initializer)
+
+
+def _grid_worker_start(job: tuple) -> None:
+    global _GRID_JOB
+    torch.set_num_threads(1)
+    _GRID_JOB = job
+
+
+def _grid_worker_row(point: tuple[str, CostModel]) -> GridRow:
+    assert _GRID_JOB is not None, "the worker's initializer sets the job"
+    return _grid_point(_GRID_JOB, *point)
+
+
+def _grid_point(job: tuple, shape: str, costs: CostModel) -> GridRow:
+    eval_chains, calibration_chains, names, calibrated, default, n_boot, seed, replayed, fast = job
+    cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
+                            cold=False, replayed=replayed, fast=fast)
+    return grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed)
+
+
+def ratio_outcome(est: RatioEstimate) -> str:
+    """``"cheaper"`` when the whole 95 % interval is below 1, ``"dearer"`` when above, else ``"no difference"``."""
+    if est.hi < 1.0:
+        return "cheaper"
+    if est.lo > 1.0:
+        return "dearer"
+    return "no difference"
+
+
+def _places(rows: Sequence[GridRow], labels: dict[str, str]) -> str:
+    """``"flat V at c = 0.02, 0.05; CPU V at c = 1"``: the cost models of ``rows``, grouped by shape."""
+    shapes = list(dict.fromkeys(r.shape for r in rows))
+    return "; ".join(f"{labels.get(sh, sh)} at c = " + ", ".join(f"{r.c:g}" for r in rows if r.shape == sh)
+                     for sh in shapes)
+
+
+def _by_how_much(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate]) -> str:
+    return "by " + _span([abs(1.0 - est(r).point) for r in rows], ".1%")
+
+
+def versus_sentence(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate], other: str,
+                    labels: dict[str, str]) -> str:
+    """Where the certificate rule is cheaper than ``other``, where dearer and where not resolved, by how much.
+
+    Cheaper / dearer: the 95 % interval of the cost ratio ``est(row)`` lies wholly below / above 1
+    (:func:`ratio_outcome`); by how much: the range of ``|1 - ratio|`` over those cost models.
+    """
+    n = len(rows)
+    groups = {o: [r for r in rows if ratio_outcome(est(r)) == o] for o in ("cheaper", "dearer", "no difference")}
+    parts = []
+    for outcome, verb in (("cheaper", "cheaper than"), ("dearer", "dearer than")):
+        g = groups[outcome]
+        if not g:
+            parts.append(f"it is {verb} {other} on none of the {n} cost models")
+        elif len(g) == n:
+            parts.append(f"it is {verb} {other} on every one of the {n} cost models, {_by_how_much(g, est)}")
+        else:
+            parts.append(f"it is {verb} {other} on {len(g)} of the {n} cost models ({_places(g, labels)}), "
+                         f"{_by_how_much(g, est)}")
+    unresolved = groups["no difference"]
+    if unresolved:
+        parts.append(f"on {len(unresolved)} of the {n} the 95 % interval contains 1 (no difference resolved: "
+                     f"{_places(unresolved, labels)})")
+    else:
+        parts.append("the difference is resolved on every cost model")
+    return "; ".join(parts[:-1]) + ", and " + parts[-1] + "."
+
+
+def _fmt(x: float, fmt: str) -> str:
+    """``format(x, fmt)`` without the sign of a value that rounds to zero (``"0%"``, not ``"-0%"``)."""
+    text = format(x, fmt)
+    return text[1:] if text.startswith("-") and not any(d in text for d in "123456789") else text
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    """``"12% to 30%"``, or one number when the range rounds to one."""
+    lo, hi = _fmt(min(values), fmt), _fmt(max(values), fmt)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> str:
+    """How far the best constant schedule is above the oracle and how much of that gap any policy closes."""
+    above = [r.to_oracle[r.best_constant] - 1 for r in rows]
+    with_gap = [r for r in rows if math.isfinite(r.gap_closed[r.best_policy])]
+    text = f"The best constant schedule costs {_span(above, '.1%')} more than the oracle across the grid."
+    if not with_gap:
+        return text + " It reaches the oracle on every cost model, so there is no gap for any policy to close."
+    best = [r.gap_closed[r.best_policy] for r in with_gap]
+    cert = [r.gap_closed[certificate] for r in with_gap]
+    text += (f" The cheapest policy replayed at each cost model closes {_span(best, '.0%')} of the gap "
+             f"from the best constant schedule to the oracle (median {_fmt(float(np.median(best)), '.0%')})")
+    if all(b == 0 for b in best):
+        text += ": no policy improves on the best constant schedule anywhere"
+    text += f"; the certificate rule closes {_span(cert, '.0%')} (median {_fmt(float(np.median(cert)), '.0%')})"
+    negative = sum(x < 0 for x in cert)
+    if negative:
+        text += (f", a negative share on {negative} of the {len(with_gap)} cost models meaning it costs more than "
+                 f"the best constant schedule there")
+    text += "."
+    rest = [r for r in rows if r not in with_gap]
+    if rest:
+        why = " (plain decoding: drafting does not pay there)" if all(r.best_constant == "constant:0" for r in rest) else ""
+        text += (f" On {len(rest)} cost model{'s' if len(rest) > 1 else ''}{why} the best constant schedule already "
+                 f"reaches the oracle, and these are left out of the shares.")
+    return text
+
+
+def goal_sentence(row: GridRow, *, within: float = 0.10, cheaper_by: float = 0.05, certificate: str = "certificate") -> str:
+    """At one cost model: is the cheapest policy replayed within ``within`` of the oracle, and is the
+    certificate rule's ratio to the best constant schedule resolved below 1, by at least ``cheaper_by``?
+    Every outcome has its words; when no policy is within reach, every policy's distance to the oracle
+    is listed."""
+    best = row.best_vs_oracle
+    if best.point <= 1 + within:
+        first = (f"the cheapest policy replayed, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
+                 f"(95 % interval [{best.lo:.3f}, {best.hi:.3f}]): within {within:.0%} of the limit")
+        if best.hi > 1 + within:
+            first += f" by its point estimate, though the interval reaches above {1 + within:.2f}"
+    else:
+        ranked = sorted(row.to_oracle.items(), key=lambda kv: kv[1])
+        first = (f"none of the policies replayed comes within {within:.0%} of the oracle: the cheapest, `{row.best_policy}`, costs "
+                 f"{best.point:.3f} times the limit (95 % interval [{best.lo:.3f}, {best.hi:.3f}]); every policy's "
+                 f"cost over the oracle's: " + ", ".join(f"`{p}` {x:.3f}" for p, x in ranked))
+    est = row.cert_vs_constant
+    outcome = ratio_outcome(est)
+    if outcome == "cheaper":
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely below 1: it is {1 - est.point:.1%} cheaper")
+        second += (f", at least the {cheaper_by:.0%} asked" if 1 - est.point >= cheaper_by else
+                   f", less than the {cheaper_by:.0%} asked")
+    elif outcome == "dearer":
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely above 1: it is {est.point - 1:.1%} dearer")
+    else:
+        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
+                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval that contains 1: no difference is resolved")
+    if outcome != "cheaper":
+        second += f", so it is not the {cheaper_by:.0%} saving with an interval below 1 that was asked"
+    return first + "; and " + second + "."
