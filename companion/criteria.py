@@ -225,11 +225,17 @@ class Criterion(ABC):
 
     def accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False,
                 ties: str = "level-set") -> Tensor:
-        """Whether ``token`` (an id, or ids of shape ``p.shape[:-1]``) is accepted; bool tensor."""
-        tau = self.threshold(p, from_logits=from_logits, ties=ties)
+        """Whether ``token`` (an id, or ids of shape ``p.shape[:-1]``) is accepted; bool tensor.
+
+        Only the tokens asked about are lifted to float64 and normalised (by the summary's
+        normaliser, the very numbers :func:`~companion.summary.normalized_probabilities` gives),
+        not the whole vocabulary."""
+        s = self._summary(p, from_logits, ties)
+        tau = self.threshold_from_summary(s, ties).reshape(s.lead_shape)
         tok = check_token(token, p.shape[:-1], p.shape[-1], p.device)
-        probs = normalized_probabilities(p, from_logits=from_logits)
-        prob = probs.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        raw = p.gather(-1, tok.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+        norm = s.norm.reshape(s.lead_shape)
+        prob = torch.exp(raw - norm) if from_logits else raw / norm
         return self.accept_from(prob, tau, ties)
 
     def decoder_accepts(self, p: Tensor, token: Tensor | int, *, from_logits: bool = False) -> Tensor:
@@ -248,6 +254,9 @@ class Criterion(ABC):
     def rejection_mask(self, p: Tensor, *, from_logits: bool = False, ties: str = "level-set") -> Tensor:
         """Boolean ``[..., V]`` mask of the rejection region ``R(p)`` (``R_worst(p)`` with ``ties="worst"``)."""
         tau = self.threshold(p, from_logits=from_logits, ties=ties)
+        # Float64 over the whole vocabulary, on purpose: the mask is the decision for every token,
+        # and that decision (ties at the threshold included) is defined on the float64 normalised
+        # probabilities.
         probs = normalized_probabilities(p, from_logits=from_logits)
         return ~self.accept_from(probs, tau.unsqueeze(-1), ties)
 

@@ -333,31 +333,46 @@ def _deepest_value(best: Tensor, sums: Tensor) -> Tensor:
 
 def _deepest_rejected_probs(flat: Tensor, idx: Tensor, sums: Tensor, tau: Tensor, strict: bool) -> Tensor:
     """:func:`_deepest_rejected` for float32/float64 probability rows ``flat[idx]`` (``sums``, ``tau``
-    per selected row), tile by tile in work buffers allocated once.
+    per selected row), tile by tile in one work buffer allocated once, in integer arithmetic.
 
-    Fresh tile-sized temporaries would each be new pages from the OS (allocator permitting, a
-    page fault per 4 KiB) and cost several times the arithmetic; ``torch.where`` is also several
-    times slower than plain arithmetic on the CPU. So: ``s = sign(max(bound - x, 0))`` is 1 where
-    ``x < bound`` (a difference of distinct floats is never 0) and 0 elsewhere, and
-    ``x s + (s - 1)`` is ``x`` where rejected and ``-1`` elsewhere, exactly.
+    Non-negative floats order as their bit patterns read as signed integers (``b(x)``, int32 for
+    float32, int64 for float64; ``-0.0`` is read as ``+0``), so with the exactly rounded bound ``B``
+    (``x`` rejected iff ``x < B``) the difference ``v = b(x) - b(B)`` is negative exactly on the
+    rejected tokens, and ``max { v : v < 0 }`` gives the deepest one, ``b(x*) = b(B) + v``. That
+    maximum is one ``amax`` of ``v XOR sign bit`` (which orders ``v`` as unsigned: the negatives
+    above the rest; the result is ``>= 0`` iff some token is rejected). Three integer sweeps
+    (sign-clear, subtract, XOR) and a maximum, all exact, no overflow (``b(x), b(B)`` lie in
+    ``[0, b(inf)]``): cheaper than a float ``torch.where`` (several times slower than plain
+    arithmetic on the CPU) or the float arithmetic ``x s + (s - 1)``, ``s = sign(max(B - x, 0))``.
+    Fresh tile-sized temporaries would each be new pages from the OS, so the buffer is reused.
     """
     vocab, n = flat.shape[1], idx.numel()
+    ints = torch.int32 if flat.dtype == torch.float32 else torch.int64
+    sign = torch.iinfo(ints).min
     tiles = list(row_tiles(n, vocab, flat.element_size(), flat.device))
     per = max((t.stop - t.start for t in tiles), default=0)
-    s_buf = torch.empty((per, vocab), dtype=flat.dtype, device=flat.device)
-    kept_buf = torch.empty_like(s_buf)
-    rows_buf = torch.empty_like(s_buf) if n < flat.shape[0] else None
+    work = torch.empty((per, vocab), dtype=ints, device=flat.device)
     bound = _bound_for(flat.dtype, (tau * sums).unsqueeze(1), strict).to(flat.dtype)
     if strict:  # x <= c  <=>  x < the next float above c
         bound = torch.nextafter(bound, torch.full_like(bound, torch.inf))
-    best = torch.empty(n, dtype=torch.float64, device=flat.device)
+    bound = torch.where(bound > 0, bound, torch.zeros_like(bound))  # +0 (never -0.0) when nothing is below
+    b_bits = bound.view(ints)
+    bits = flat.view(ints)
+    top = torch.empty(n, dtype=ints, device=flat.device)
     # idx comes from nonzero: when it holds every row they are in order, so slice instead of copying
+    every = n == flat.shape[0]
     for tile in tiles:
         m = tile.stop - tile.start
-        rows = flat[tile] if rows_buf is None else torch.index_select(flat, 0, idx[tile], out=rows_buf[:m])
-        s = torch.sub(bound[tile], rows, out=s_buf[:m]).clamp_(min=0).sign_()
-        kept = torch.mul(rows, s, out=kept_buf[:m])
-        best[tile] = kept.add_(s.sub_(1)).amax(1).to(torch.float64)
+        if every:
+            v = torch.bitwise_and(bits[tile], -sign - 1, out=work[:m])
+        else:
+            v = torch.index_select(bits, 0, idx[tile], out=work[:m]).bitwise_and_(-sign - 1)
+        # v: the bits with the sign cleared (-0.0 reads as +0), then v - b(B), then v XOR sign bit
+        v.sub_(b_bits[tile]).bitwise_xor_(sign)
+        top[tile] = v.amax(1)
+    found = top >= 0
+    best_bits = torch.where(found, (top ^ sign) + b_bits.squeeze(1), torch.zeros_like(top))
+    best = torch.where(found, best_bits.view(flat.dtype).to(torch.float64), torch.full_like(sums, -1.0))
     return _deepest_value(best, sums)
 
 
@@ -595,12 +610,16 @@ def certificates(
     k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
     known = None
     if summary is None:
-        # With typical acceptance on probabilities, the rows that need their exact entropy get it
-        # in the pass that sums the tails (one pass over the vocabulary instead of two).
+        # Typical acceptance: the entropy is summed in the pass that sums the tails (one pass over
+        # the vocabulary, not two). From logits every row gets it (one product per token of the
+        # exp(l - l(1)) that pass takes anyway); on probabilities it costs a log per token, so only
+        # the rows whose threshold the top K may not settle get it there.
         guess = None
-        if not from_logits and any(c.needs_entropy for c in crits):
+        wants_entropy = any(c.needs_entropy for c in crits)
+        if not from_logits and wants_entropy:
             guess = _entropy_guess(vocab, min(k, vocab), crits, ties)
-        s, known = summarize_partial(p, from_logits=from_logits, k=k, entropy_rows=guess)  # validates p
+        s, known = summarize_partial(p, from_logits=from_logits, k=k, entropy_rows=guess,
+                                     with_entropy=from_logits and wants_entropy)  # validates p
     else:
         if summary.k < min(k, vocab) or summary.vocab != vocab or summary.lead_shape != p.shape[:-1]:
             raise ValueError(
@@ -692,6 +711,8 @@ def per_token_cost(p: Tensor, token: Tensor | int, divergence: str = "forward", 
     """
     _check_p(p, from_logits)
     check_divergence(divergence)
+    # Float64 over the whole (sorted) vocabulary, on purpose: any token may be asked for, and its
+    # cost reads every token above it.
     full = sorted_rows(p, from_logits=from_logits)
     tok = check_token(token, full.lead_shape, full.vocab, p.device).reshape(-1)
     # p_y is read from the sorted row: position of the token in the sort.
@@ -748,6 +769,7 @@ def witness(p: Tensor, criterion: Criterion | str, divergence: str = "forward", 
     check_divergence(divergence)
     c.check_vocab(vocab)
     c.check_inputs(from_logits)
+    # Float64 over the whole (sorted) vocabulary, on purpose: the witness is a full float64 distribution.
     full = sorted_rows(p, from_logits=from_logits, with_entropy=c.needs_entropy)
     tau = c.threshold_from_summary(full, ties)
     r = accepted_count(full.values, tau, c, ties)
@@ -772,7 +794,7 @@ def tree_witness(p: Tensor, m: int, divergence: str = "forward", *, from_logits:
     vocab = _check_p(p, from_logits)
     check_divergence(divergence)
     check_tree_width(m, vocab)
-    full = sorted_rows(p, from_logits=from_logits)
+    full = sorted_rows(p, from_logits=from_logits)  # float64, whole vocabulary: the witness is a full row
     pool_k, _, t, known = _tree_pool(full.values, full.logs, m, divergence, ties)
     zeros = torch.zeros_like(full.tail)
     cost = cost_of_pool(full.values, full.logs, full.tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
@@ -788,6 +810,8 @@ def kl_divergence(p: Tensor, q: Tensor, direction: str = "forward", *, from_logi
     check_divergence(direction)
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
+    # Float64 over the whole vocabulary, on purpose: a reference divergence for tests and checks
+    # (not on the certificates' path), exact to float64 on every token.
     a = normalized_probabilities(p, from_logits=from_logits, what="p")
     b = normalized_probabilities(q, from_logits=from_logits, what="q")
     if direction == "reverse":

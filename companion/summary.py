@@ -111,14 +111,14 @@ def map_rows(fn: Callable[..., Tensor], flat: Tensor, *row_args: Tensor, idx: Te
     return torch.cat(outs)
 
 
-def _tail_sum(x: Tensor, kth: Tensor, k: int) -> Tensor:
+def _tail_sum(x: Tensor, kth: Tensor, k: int, out: Tensor | None = None) -> Tensor:
     """``sum_i x_i`` over all but the ``k`` largest, as ``sum_i min(x_i, x(k)) - k x(k)`` (float64).
 
     Entries tied with ``x(k)`` beyond the top ``k`` contribute ``x(k)`` either way, so this is
     exact in real arithmetic; in float32 the partial sums stay at the scale of the tail.
-    NaN entries propagate into the result.
+    NaN entries propagate into the result. ``out``: a work buffer of ``x``'s shape and dtype.
     """
-    clamped = torch.clamp(x, max=kth.unsqueeze(-1).to(x.dtype))
+    clamped = torch.clamp(x, max=kth.unsqueeze(-1).to(x.dtype), out=out)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     return clamped.sum(-1, dtype=acc).to(torch.float64) - k * kth.to(torch.float64)
 
@@ -156,16 +156,24 @@ def summarize_partial(
     ``tail``: the mass beyond the top ``k``, ``sum_i min(x_i, x(k)) - k x(k)`` over the row
     (``x = p``, or ``exp(l - l(1))``), divided by the normaliser; for ``k`` below the normaliser's
     split ``K_norm`` it is that split's tail plus the values in between (a sum of positive terms).
-    Entropy: ``H = -sum_i p_i log p_i`` accumulated in float64.
+    Entropy (``with_entropy``): ``H = -sum_i p_i log p_i``, computed in the pass that sums the tail
+    (no pass of its own). From logits, with ``x_i = exp(l_i - l(1))`` (which that pass computes
+    anyway) and ``S = sum_i x_i = exp(lse - l(1))``: ``H = log S - (sum_i x_i (l_i - l(1))) / S``, one
+    product per token and no logarithm; both terms are >= 0, so nothing cancels. From
+    probabilities: ``H = (-sum_i x_i log x_i) / S + log S`` (``x = p``, ``S`` the row sum). The
+    per-token sums accumulate in the rows' precision (float32 for float32, bfloat16 and float16
+    rows: relative error ~1e-7), the rest is float64.
     ``norm`` reuses a normaliser computed earlier for the same rows (so that summaries of
     different ``K`` agree bit for bit); the tail is then summed in a pass of its own.
 
-    ``entropy_rows`` (probabilities only): called with the raw top values (float64 ``[N, K']``,
-    before normalisation) once ``topk`` has run, it returns the rows (bool ``[N]``) whose entropy
-    to compute *in the same pass* as the tail sums, while each tile of rows is in cache; those
-    entropies come back as the second element (NaN on the other rows), equal to what
-    ``with_entropy`` gives. For callers that need the entropy only on some rows (typical
-    acceptance where the top ``K`` do not settle the threshold): one pass over the rows instead of two.
+    ``entropy_rows`` (probabilities only; ignored with ``with_entropy`` or logits, where every row
+    gets its entropy in the summary at the cost of one product per token): called with the raw top
+    values (float64 ``[N, K']``, before normalisation) once ``topk`` has run, it returns the rows
+    (bool ``[N]``) whose entropy to compute *in the same pass* as the tail sums, while each tile of
+    rows is in cache; those entropies come back as the second element (NaN on the other rows),
+    equal to what ``with_entropy`` gives. For callers that need the entropy only on some rows
+    (typical acceptance where the top ``K`` do not settle the threshold): on probabilities the
+    entropy costs a logarithm per token, so it is taken only on those rows.
     """
     check_distribution_tensor(p, "logits" if from_logits and what == "p" else what)
     vocab = p.shape[-1]
@@ -179,7 +187,7 @@ def summarize_partial(
     # max(k, K_norm) for the summary's tail (below K_norm the tail is that split's plus the values
     # in between: splitting at a small k would cancel k x(k) against a much smaller tail).
     splits: list[int] = []
-    if norm is None and k_norm < vocab:
+    if (norm is None or (with_entropy and from_logits)) and k_norm < vocab:
         splits.append(k_norm)
     if max(k, k_norm) < vocab and max(k, k_norm) not in splits:
         splits.append(max(k, k_norm))
@@ -190,7 +198,8 @@ def summarize_partial(
         safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         scaled = torch.exp(top.to(torch.float64) - safe_m.unsqueeze(1))  # exp(l - l(1)), top max(k, K_norm)
         kths = [scaled[:, s - 1] for s in splits]
-        sums = _row_tail_sums(flat, splits, kths, safe_m if splits else None)
+        wanted = torch.ones_like(m, dtype=torch.bool) if with_entropy else None
+        sums = _row_tail_sums(flat, splits, kths, safe_m, wanted)
         if norm is None:
             head = scaled[:, :k_norm].contiguous().sum(1)
             if k_norm < vocab:
@@ -198,10 +207,20 @@ def summarize_partial(
             norm = torch.where(torch.isfinite(m), safe_m + torch.log(head), m)
             check_logit_rows(p, norm, what=name)
         scale = torch.exp(safe_m - norm)  # exp(l(1) - lse): turns exp(l - l(1)) into probabilities
+        if with_entropy:
+            # H = log S - sum x (l - l(1)) / S, S = sum x = exp(lse - l(1)): both terms >= 0. x(1) = 1,
+            # so log S = log1p(the rest), which keeps its digits on peaked rows (S - 1 ~ 1e-13).
+            rest = scaled[:, 1:k_norm].contiguous().sum(1)
+            if k_norm < vocab:
+                rest = rest + sums[k_norm]
+            sums["entropy"] = torch.log1p(rest) - sums.pop("xd", torch.zeros_like(rest)) / (1 + rest)
     else:
         top64 = top.to(torch.float64)
         kths = [top64[:, s - 1] for s in splits]
-        wanted = entropy_rows(top64) if entropy_rows is not None and not with_entropy else None
+        if with_entropy:
+            wanted = torch.ones_like(top64[:, 0], dtype=torch.bool)
+        else:
+            wanted = entropy_rows(top64) if entropy_rows is not None else None
         sums = _row_tail_sums(flat, splits, kths, None, wanted)
         if norm is None:
             norm = top64[:, :k_norm].contiguous().sum(1)
@@ -226,11 +245,12 @@ def summarize_partial(
     else:
         values = top.to(torch.float64) / norm.unsqueeze(1)
         logs = torch.log(values)
-    entropy = map_rows(lambda rows, nrm: entropy_of_rows(rows, nrm, from_logits), flat, norm) if with_entropy else None
     partial = None
     if "entropy" in sums:
-        # -sum x log x of the raw rows, as entropy_of_rows normalises it
-        partial = sums["entropy"] / norm + torch.log(norm)
+        partial = sums["entropy"]
+        if not from_logits:  # -sum x log x of the raw rows, as entropy_of_rows normalises it
+            partial = partial / norm + torch.log(norm)
+    entropy = partial if with_entropy else None
     summary = TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
                          tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None)
     return summary, partial
@@ -242,15 +262,23 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
 
     ``x = flat`` (probabilities, ``shift`` None) or ``x = exp(flat - shift)`` (logits);
     ``kths[i]`` is ``x(s_i)`` in float64. See :func:`_tail_sum`. With ``entropy_rows`` (bool
-    ``[N]``, probabilities only), also ``"entropy"``: ``-sum x log x`` of those rows (NaN elsewhere),
-    computed on each tile while it is in cache.
+    ``[N]``), also, on each tile while it is in cache: probabilities, ``"entropy"``: ``-sum x log x``
+    of those rows (NaN elsewhere); logits, ``"xd"``: ``sum x d`` with ``d = flat - shift <= 0`` of
+    every row (a product per token of the ``x`` this pass computes anyway; ``-inf`` logits give 0).
     """
-    if not splits and (entropy_rows is None or not bool(entropy_rows.any())):
-        return {}
     with_ent = entropy_rows is not None and bool(entropy_rows.any())
-    # One work buffer for the entropy's log, reused by every tile (a fresh tile-sized temporary
-    # per tile would be new pages from the OS each time).
+    if not splits and not with_ent:
+        return {}
+    # Work buffers reused by every tile (a fresh tile-sized temporary per tile would be new pages
+    # from the OS each time): the entropy's log (probabilities); d, x and the tail clamp (logits).
     buf: list[Tensor] = []
+
+    def scratch(i: int, like: Tensor) -> Tensor:
+        while len(buf) <= i:
+            buf.append(torch.empty(0))
+        if buf[i].shape[0] < like.shape[0] or buf[i].shape[1:] != like.shape[1:] or buf[i].dtype != like.dtype:
+            buf[i] = torch.empty_like(like)
+        return buf[i][: like.shape[0]]
 
     def tile(rows: Tensor, *args: Tensor) -> Tensor:
         if with_ent:
@@ -258,18 +286,23 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
         if shift is None:
             x = rows
             ks = args
+            cols = [_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)]
         else:
             work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
-            x = torch.exp(work - args[0].unsqueeze(1).to(work.dtype))
+            d = torch.sub(work, args[0].unsqueeze(1).to(work.dtype), out=scratch(0, work))
+            if with_ent:  # -inf logits: x = 0 and a finite d, so that x d = 0 (not 0 * -inf)
+                d.clamp_(min=-torch.finfo(d.dtype).max)
+            x = torch.exp(d, out=scratch(1, work))
             ks = args[1:]
-        cols = [_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)]
+            cols = [_tail_sum(x, kth.to(x.dtype), s, out=scratch(2, work)) for s, kth in zip(splits, ks)]
+            if with_ent:
+                cols.append(torch.mul(x, d, out=d).sum(-1).to(torch.float64))
+            return torch.stack(cols, dim=1) if cols else torch.empty(rows.shape[0], 0, dtype=torch.float64)
         if with_ent:
             ent = torch.full_like(want, torch.nan, dtype=torch.float64)
             sel = torch.nonzero(want).squeeze(1)
             if sel.numel() == rows.shape[0] and rows.dtype in (torch.float32, torch.float64):
-                if not buf or buf[0].shape[0] < rows.shape[0] or buf[0].dtype != rows.dtype:
-                    buf[:] = [torch.empty_like(rows)]
-                ent = _neg_xlogx_sum(rows, out=buf[0][: rows.shape[0]])
+                ent = _neg_xlogx_sum(rows, out=scratch(0, rows))
             elif sel.numel():
                 ent = ent.index_copy(0, sel, _neg_xlogx_sum(rows.index_select(0, sel)))
             cols.append(ent)
@@ -280,7 +313,10 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
     # _tail_sum subtracts s * x(s) in float64 from the float64 kth given (exactly as before)
     sums: dict[int | str, Tensor] = {s: out[:, i] for i, s in enumerate(splits)}
     if with_ent:
-        sums["entropy"] = out[:, len(splits)]
+        if shift is None:
+            sums["entropy"] = out[:, len(splits)]
+        else:
+            sums["xd"] = out[:, len(splits)]
     return sums
 
 
@@ -297,13 +333,25 @@ def _neg_xlogx_sum(rows: Tensor, out: Tensor | None = None) -> Tensor:
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
-    """``H = -sum p log p`` (nats, float64) of rows ``[N, V]`` given their normalisers."""
+    """``H = -sum p log p`` (nats, float64) of rows ``[N, V]``, in one pass over them.
+
+    Probabilities (row sums ``S = norm``): ``H = (-sum_i x_i log x_i) / S + log S``.
+    Logits (``norm``, the log-sum-exp, is not needed): with ``d_i = l_i - l(1) <= 0``,
+    ``x_i = exp(d_i)`` and ``S = 1 + r``, ``r`` the sum of ``x`` over every token but the first
+    maximiser, ``H = log1p(r) - (sum_i x_i d_i) / S``: the formula of the fused pass in
+    :func:`summarize` (masked ``-inf`` logits contribute 0). ``r`` is summed on its own (the
+    maximiser's ``x = 1`` set to 0), so that ``log S`` keeps its digits on peaked rows
+    (``S - 1 ~ 1e-13``), which ``lse - l(1)`` from a rounded ``lse`` would not.
+    """
     work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
     if from_logits:
-        logp = work - norm.to(work.dtype).unsqueeze(-1)
-        # p log p := 0 where p == 0 (masked tokens have logp = -inf).
-        plogp = torch.where(torch.isneginf(logp), torch.zeros_like(logp), logp.exp() * logp)
-        return -plogp.sum(-1).to(torch.float64)
+        top, where = work.max(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        d = (work - top).clamp_(min=-torch.finfo(work.dtype).max)
+        x = torch.exp(d)
+        xd = (x * d).sum(-1).to(torch.float64)
+        rest = x.scatter_(-1, where, 0.0).sum(-1).to(torch.float64)
+        return torch.log1p(rest) - xd / (1 + rest)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
     return _neg_xlogx_sum(work) / norm + torch.log(norm)
 
@@ -314,7 +362,12 @@ def sorted_rows(p: Tensor, *, from_logits: bool = False, with_entropy: bool = Fa
 
 
 def normalized_probabilities(p: Tensor, *, from_logits: bool = False, what: str = "p") -> Tensor:
-    """Validated float64 probabilities ``p / sum(p)`` (or ``softmax(logits)``), same shape."""
+    """Validated float64 probabilities ``p / sum(p)`` (or ``softmax(logits)``), same shape.
+
+    Float64 over the whole vocabulary: for the decisions that need every token in float64 (a
+    rejection mask, its ties at the threshold) and for references in tests; the certificates'
+    path reads only a summary's top values in float64 (a caller wanting a few tokens gathers
+    them first and normalises them by ``summarize(p).norm``, as :meth:`Criterion.accepts` does)."""
     s = summarize(p, from_logits=from_logits, k=1, what=what)
     norm = s.norm.reshape(p.shape[:-1] + (1,))
     if from_logits:

@@ -73,3 +73,25 @@ def test_arithmetic_deepest_rejected_equals_the_masked_one(seed: int, strict: bo
     every = torch.arange(7)
     assert torch.equal(_deepest_rejected(flat, sums, tau, strict, False),
                        _deepest_rejected_probs(flat, every, sums, tau, strict))
+
+
+@pytest.mark.parametrize("f64", [False, True])
+@pytest.mark.parametrize("strict", [False, True])
+def test_integer_deepest_rejected_reads_negative_zero_as_zero(f64: bool, strict: bool) -> None:
+    """-0.0 passes the validation (it is not < 0) and is a probability 0: rejected by any positive bound."""
+    dtype = torch.float64 if f64 else torch.float32
+    flat = torch.zeros(3, 500, dtype=dtype)
+    flat[:, :4] = 0.25
+    flat[0, 10:20] = -0.0  # only zeros (some negative) below the bound
+    flat[1, :] = -0.0
+    flat[1, :4] = 0.25
+    flat[2, 7] = torch.finfo(dtype).tiny  # the deepest rejected is this one
+    sums = flat.to(torch.float64).sum(1)
+    tau = torch.full((3,), 0.1, dtype=torch.float64)
+    every = torch.arange(3)
+    got = _deepest_rejected_probs(flat, every, sums, tau, strict)
+    ref = _deepest_rejected(flat, sums, tau, strict, False)
+    assert torch.equal(got, ref), (got, ref)
+    assert got[0, 0] == 0 and got[1, 0] == 0 and got[2, 0] == torch.finfo(dtype).tiny
+    sub = torch.tensor([1, 2])
+    assert torch.equal(_deepest_rejected_probs(flat, sub, sums[sub], tau[sub], strict), ref[sub])
