@@ -76,13 +76,40 @@ def _registry_pair(target: str, drafter: str | None) -> Callable[..., PairSpec]:
     return spec
 
 
+#: The registry models each package-index preset loads (target first).
+_REGISTRY_MODELS: dict[str, tuple[str, ...]] = {
+    "smollm2": ("smollm2-135m-instruct",),
+    "qwen2.5-coder": ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
+    "qwen2.5-coder-0.5b": ("qwen2.5-coder-0.5b-instruct",),
+}
 #: Presets whose folders are made on first use (name -> a function that makes them and names them;
 #: ``with_drafter=False`` makes the target's alone).
 _LAZY_PRESETS: dict[str, Callable[..., PairSpec]] = {
     "smollm2": _smollm2_spec,
-    "qwen2.5-coder": _registry_pair("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
-    "qwen2.5-coder-0.5b": _registry_pair("qwen2.5-coder-0.5b-instruct", None),
+    "qwen2.5-coder": _registry_pair(*_REGISTRY_MODELS["qwen2.5-coder"]),
+    "qwen2.5-coder-0.5b": _registry_pair(_REGISTRY_MODELS["qwen2.5-coder-0.5b"][0], None),
 }
+#: What a chapter runs on when its preset's models are not in the cache (a quick setup skipped them).
+FALLBACK_PRESET = "smollm2"
+
+
+def preset_or_fallback(name: str, say: Callable[[str], None] = print) -> str:
+    """``name``, or :data:`FALLBACK_PRESET` when ``name``'s package-index models are not converted here.
+
+    Nothing is fetched: a setup run with ``COMPANION_SKIP_QWEN=1`` left the Qwen pair out, and the
+    chapters then run on SmolLM2 after one line (to ``say``) that names the command that fetches it.
+    Other presets (hub ids, the closed world) are returned as they are.
+    """
+    from companion.weights import converted_dir, source
+    from companion.weights.convert import cache_is_current
+
+    missing = [m for m in _REGISTRY_MODELS.get(name, ()) if not cache_is_current(converted_dir(source(m)), source(m))]
+    if not missing or name == FALLBACK_PRESET:
+        return name
+    say(f"note: the preset {name!r} needs {', '.join(missing)}, not converted on this machine (a setup with "
+        f"COMPANION_SKIP_QWEN=1 skips them): `companion fetch-weights` fetches them (about 3 minutes); this run uses "
+        f"the preset {FALLBACK_PRESET!r} instead")
+    return FALLBACK_PRESET
 
 
 def register_preset(name: str, target: str, drafter: str | None = None, tokenizer: str | None = None) -> None:

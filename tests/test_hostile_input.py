@@ -251,7 +251,7 @@ def test_a_mistyped_preset_fails_at_once_offline(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # even with the hub allowed, a bare name is never sent there
     start = time.perf_counter()
     _refused(lambda: load_pair("defualt"), WeightsUnavailableError,
-             "Could not load the tokenizer 'defualt': it is not a preset (closed-world, default, smollm2), not a local folder, and not in "
+             "Could not load the tokenizer 'defualt': it is not a preset (closed-world, default, qwen2.5-coder, qwen2.5-coder-0.5b, smollm2), not a local folder, and not in "
              "the local Hugging Face cache; a name without '/' is not looked up on the hub (hub ids look like "
              "org/name, e.g. Qwen/Qwen3-1.7B). Did you mean the preset 'default'?")
     assert time.perf_counter() - start < 10

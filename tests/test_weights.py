@@ -329,3 +329,48 @@ def test_cli_refusals_are_one_line_with_exit_status_2(tmp_path) -> None:
 def test_cli_lists_the_registry() -> None:
     res = _cli("--list", env={})
     assert res.returncode == 0 and "qwen2.5-coder-1.5b-instruct" in res.stdout and "Q4_K_M" in res.stdout
+
+
+# -------------------------------------------------------------------------------------------------
+# bfloat16 on a CPU, and the fallback when the CPU lacks it
+
+
+def test_a_bf16_model_falls_back_to_float32_on_a_cpu_without_bf16_with_one_line(monkeypatch) -> None:
+    import torch
+
+    from companion import devices
+    from companion.models import resolve_dtype
+
+    said: list[str] = []
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(devices.CPU_BF16_ENV, "0")
+    assert not devices.cpu_has_bf16()
+    assert resolve_dtype(None, cpu, cpu_default="bfloat16", say=said.append) == torch.float32
+    assert len(said) == 1 and "float32" in said[0] and "\n" not in said[0]
+    monkeypatch.setenv(devices.CPU_BF16_ENV, "1")
+    assert resolve_dtype(None, cpu, cpu_default="bfloat16", say=said.append) == torch.bfloat16 and len(said) == 1
+    # an explicit dtype and CUDA's default are never changed
+    monkeypatch.setenv(devices.CPU_BF16_ENV, "0")
+    assert resolve_dtype("bfloat16", cpu, cpu_default="bfloat16", say=said.append) == torch.bfloat16
+    assert resolve_dtype(None, torch.device("cuda"), cpu_default="bfloat16") == torch.bfloat16
+    assert resolve_dtype(None, cpu) == torch.float32 and len(said) == 1
+
+
+def test_cpu_has_bf16_reads_the_cpu_flags(monkeypatch) -> None:
+    from companion import devices
+
+    monkeypatch.delenv(devices.CPU_BF16_ENV, raising=False)
+    flags = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
+    expected = any(f in flags.split() for f in ("avx512_bf16", "amx_bf16", "bf16"))
+    if Path("/proc/cpuinfo").is_file():
+        assert devices.cpu_has_bf16() == expected
+
+
+def test_a_preset_whose_models_are_not_converted_falls_back_to_smollm2_with_one_line(tmp_path, monkeypatch) -> None:
+    from companion.models import FALLBACK_PRESET, preset_or_fallback
+
+    monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "empty-cache"))
+    said: list[str] = []
+    assert preset_or_fallback("qwen2.5-coder", said.append) == FALLBACK_PRESET == "smollm2"
+    assert len(said) == 1 and "companion fetch-weights" in said[0] and "\n" not in said[0]
+    assert preset_or_fallback("closed-world", said.append) == "closed-world" and len(said) == 1

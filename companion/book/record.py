@@ -138,7 +138,12 @@ def describe_harvest(manifest: dict[str, Any]) -> str:
     def model(ident: dict[str, Any] | None) -> str:
         if not ident:
             return "none"
-        return f"`{_short_model(ident.get('name') or '(in memory)')}` ({ident.get('parameters', 0) / 1e6:.3g}M parameters)"
+        n = ident.get("parameters", 0)
+        size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+        conv = ident.get("converted_from")
+        if isinstance(conv, dict) and conv.get("display_name"):
+            return f"{conv['display_name']} ({conv.get('quantization', '?')} GGUF; {size} parameters)"
+        return f"`{_short_model(ident.get('name') or '(in memory)')}` ({size} parameters)"
 
     preset = manifest.get("extra", {}).get("preset", "(none)")
     device = cfg.get("device_type", "?")

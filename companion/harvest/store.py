@@ -95,6 +95,14 @@ def model_identity(model: Any) -> dict[str, Any]:
     }
     commit = getattr(cfg, "_commit_hash", None)
     folder = Path(str(name)) if name else None
+    record = folder / "companion-conversion.json" if folder is not None else None
+    if record is not None and record.is_file():  # converted from a GGUF file of the package-index registry
+        try:
+            conv = json.loads(record.read_text())
+            ident["converted_from"] = {k: conv[k] for k in ("model", "display_name", "quantization", "gguf_sha256",
+                                                             "conversion_version") if k in conv}
+        except (OSError, ValueError):
+            pass
     if commit:
         ident["revision"] = str(commit)
     elif folder is not None and folder.is_dir() and any(folder.glob(p) for p in _WEIGHT_PATTERNS):

@@ -1,12 +1,14 @@
-"""Harvest throughput on SmolLM2-135M-Instruct against transformers' own greedy ``generate``.
+"""Harvest throughput against transformers' own greedy ``generate``, on a real target.
 
-Run from the repository root (about 5 minutes on one core of a shared machine)::
+Run from the repository root::
 
-    python benchmarks/bench_smollm2_harvest.py                 # batch 16, 64 steps, 2 repeats each
-    python benchmarks/bench_smollm2_harvest.py --batch 32 --steps 128
+    python benchmarks/bench_harvest_vs_generate.py                        # Qwen2.5-Coder-1.5B, bf16, batch 16, 32 steps
+    python benchmarks/bench_harvest_vs_generate.py --preset smollm2 --steps 64   # SmolLM2-135M, fp32
+    python benchmarks/bench_harvest_vs_generate.py --threads 2
 
 Both decode the same held-out chat requests greedily, for the same number of steps (no stop
-at ``<|im_end|>``), at the same batch size, on one torch thread, in one process, alternately:
+at the end token), at the same batch size, dtype (the preset's: bfloat16 for the Qwen pair) and
+number of torch threads (``--threads``, default 1), in one process, alternately:
 
 * ``generate``: ``model.generate(..., do_sample=False, output_logits=True,
   return_dict_in_generate=True)``, which returns every step's logits and nothing else;
@@ -35,8 +37,10 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--preset", default="qwen2.5-coder", help="a model preset (default qwen2.5-coder)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
 
     import torch
@@ -45,11 +49,12 @@ def main() -> int:
     from companion.models import load_pair
     from companion.prompts import load_prompts
 
-    torch.set_num_threads(1)
-    target, _, tok = load_pair("smollm2", False, device="cpu", dtype="float32")
+    torch.set_num_threads(args.threads)
+    target, _, tok = load_pair(args.preset, False, device="cpu")
+    dtype = str(target.dtype).removeprefix("torch.")
     prompts = load_prompts("chat-requests")[: args.batch]
     enc = tok([p.text for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
-    work = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-harvest-"))
 
     def run_generate() -> None:
         with torch.no_grad():
@@ -70,7 +75,8 @@ def main() -> int:
     steps = args.batch * args.steps
     cpu = {k: statistics.median(c for c, _ in v) for k, v in times.items()}
     wall = {k: statistics.median(w for _, w in v) for k, v in times.items()}
-    print(f"SmolLM2-135M-Instruct, fp32, 1 thread, batch {args.batch}, {args.steps} steps, {args.repeats} repeats")
+    print(f"preset {args.preset} (target alone), {dtype}, {args.threads} thread(s), batch {args.batch}, {args.steps} steps, "
+          f"{args.repeats} repeats")
     for k in times:
         print(f"  {k:9s} {steps / cpu[k]:7.1f} steps/s (CPU time)   {steps / wall[k]:7.1f} steps/s (wall)")
     ratio = cpu["generate"] / cpu["harvest"]
