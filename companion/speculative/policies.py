@@ -484,7 +484,11 @@ class Calibrated(Policy):
 
     def _cdf(self, x: float | np.ndarray) -> float | np.ndarray:
         """``F(x)`` from the verified KLs, with ``n0`` pseudo-observations at level ``prior``."""
-        f = np.searchsorted(np.asarray(self.kls), x, side="left")
+        kept = self.__dict__.get("_kls_array")
+        if kept is None or kept[0] is not self.kls or len(kept[1]) != len(self.kls):
+            kept = (self.kls, np.asarray(self.kls))   # remade whenever a KL is added (end_round)
+            self._kls_array = kept
+        f = np.searchsorted(kept[1], x, side="left")
         return (f + self.n0 * self.prior) / (len(self.kls) + self.n0)
 
     def _bin_table(self) -> tuple[np.ndarray, np.ndarray]:
@@ -585,7 +589,13 @@ class Calibrated(Policy):
     def submit(self, n_drafted: int) -> int:
         if self._exploring:
             return n_drafted
-        values = [self._objective(k, n_drafted) for k in range(n_drafted + 1)]
+        # _objective(k, n_drafted) for every k, the survivals summed once, left to right as sum() does
+        lam = self.plan()[0]
+        values, total = [], 0
+        for k in range(n_drafted + 1):
+            if k:
+                total += self._surv[k]
+            values.append(total - lam * (self.verify_cost(k) + self.c * n_drafted))
         return max(range(n_drafted + 1), key=lambda k: (values[k], k))
 
     def end_round(self, outcome: RoundOutcome) -> None:

@@ -6,9 +6,9 @@ import math
 import torch
 
 from companion.speculative.decoder import SpeculativeResult, Timings
-from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
+from companion.speculative.policies import Policy, RoundOutcome, parse_policy
 from companion.speculative.recording import _GREEDY, RecordedChains, _check_chains
-from companion.speculative.replay_fast import is_builtin, replay_builtin
+from companion.speculative.replay_fast import chain_arrays, is_builtin, replay_builtin
 
 
 def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -> SpeculativeResult:
@@ -44,6 +44,8 @@ def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -
         if s >= n:
             raise ValueError(f"replay reached position {s} past the recorded text of {n} tokens")
         chain = chains.chains[s]
+        # what a policy that did not ask for the certificate observes: the steps without it (made once)
+        seen = chain if needs_rho else chain_arrays(chains).plain(s, chain)
         cap = chains.cap(s)
         pol.start_round(cap)
         drafts: list[int] = []
@@ -54,7 +56,7 @@ def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -
                                  f"with max_drafts = {chains.max_drafts}; record with a larger max_drafts (or None)")
             step = chain[j]
             drafts.append(step.token)
-            pol.observe(step if needs_rho else DraftStep(token=step.token, q1=step.q1, q2=step.q2))
+            pol.observe(seen[j])
             if step.token in chains.eos_token_ids:
                 break
         k = min(max(int(pol.submit(len(drafts))), 0), len(drafts))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from companion.speculative.decoder import SpeculativeResult, Timings
-from companion.speculative.policies import Confidence, Constant, Heuristic, Policy
+from companion.speculative.policies import Confidence, Constant, DraftStep, Heuristic, Policy
 
 if TYPE_CHECKING:
     from companion.speculative.costs import CostModel
@@ -53,6 +53,7 @@ class ChainArrays:
     q1: np.ndarray
     nxt: list[np.ndarray]
     _low: dict[float, list[int]] = field(default_factory=dict, repr=False)
+    _plain: dict[int, tuple[DraftStep, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, chains: RecordedChains) -> ChainArrays:
@@ -73,6 +74,13 @@ class ChainArrays:
         for t in range(n - 1, -1, -1):
             next_eos[t] = t if chains.tokens[t] in eos else next_eos[t + 1]
         return cls(n, list(chains.matched), length, eos_stop, next_eos[:n], drafts, q1, nxt)
+
+    def plain(self, s: int, chain: tuple[DraftStep, ...]) -> tuple[DraftStep, ...]:
+        """``chain`` (the recording's chain from ``s``) without the certificate: the steps a policy that did
+        not ask for it observes (``rho`` left at ``nan``), made on first use and kept."""
+        if s not in self._plain:
+            self._plain[s] = tuple(DraftStep(token=d.token, q1=d.q1, q2=d.q2) for d in chain)
+        return self._plain[s]
 
     def low_stop(self, threshold: float) -> list[int]:
         """Per position, ``1 +`` the index of the chain's first draft with ``q(1) < threshold`` (the
