@@ -53,6 +53,7 @@ def main() -> int:
     target, _, tok = load_pair(args.preset, False, device="cpu")
     dtype = str(target.dtype).removeprefix("torch.")
     prompts = load_prompts("chat-requests")[: args.batch]
+    tok.padding_side = "left"  # generate needs the padding before the prompts (the harvest pads its own way)
     enc = tok([p.text for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
     work = Path(tempfile.mkdtemp(prefix="bench-harvest-"))
 
