@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from companion.atomic import replace_dir
 from companion.book.record import (
     load_record,
     render_status_markdown,
@@ -390,14 +391,9 @@ def present_parameters(path: Path, source: Path, profile: str | None) -> bool:
 
 
 def _swap_into_place(new: Path, final: Path, work: Path) -> None:
-    """Replace directory ``final`` by ``new`` with renames only (no half-copied book)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    old = work / "previous-html"
-    if final.exists():
-        os.replace(final, old)
-    os.replace(new, final)
-    if old.exists():
-        shutil.rmtree(old, ignore_errors=True)
+    """Replace directory ``final`` by ``new`` with renames only (no half-copied book); the previous
+    book waits in ``work`` while the new one moves in (:func:`companion.atomic.replace_dir`)."""
+    replace_dir(new, final, aside=work / "previous-html")
 
 
 def build_book(layout: Layout, log: Any = print, keep_work: bool = False) -> Path:

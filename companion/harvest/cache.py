@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from companion.atomic import replace_dir
 from companion.book.layout import ReproduceError, find_root
 from companion.book.record import describe_harvest
 from companion.harvest import plan as planning
@@ -203,9 +203,7 @@ def _harvest_here(job: _Job, plan: planning.HarvestPlan, dev: torch.device, out:
                 raise
             stale = out.with_name(out.name + ".stale")
             print(f"{out} holds traces of another configuration; moving them to {stale} and harvesting again.\n{err}")
-            if stale.exists():
-                shutil.rmtree(stale)
-            os.replace(out, stale)
+            replace_dir(out, stale)  # replacing an older stale one
             before = 0
             manifest = harvest(target, drafter, tokenizer, prompts, out, **kwargs)
     if manifest.get("status") != "complete":
