@@ -1,7 +1,8 @@
-"""The chat-request prompt set: the generator, its split, the default subset and the committed asset."""
+"""The chat-request prompt set: the requests file, its split, the default subset and the committed asset."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import statistics
 from collections import Counter
@@ -16,7 +17,7 @@ from companion import chat_requests as cr
 from companion.assets import CHAT_REQUESTS_DIR
 from companion.prompts import dumps_prompts, load_prompts
 
-REQUESTS = cr.chat_requests()  # pure Python, a few milliseconds
+REQUESTS = cr.chat_requests()  # requests.json, read and checked once
 HELD = [r for r in REQUESTS if r.split == "heldout"]
 # ChatML as SmolLM2's template writes one user turn (after its default system turn).
 USER_OPEN, USER_CLOSE = "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"
@@ -24,6 +25,40 @@ USER_OPEN, USER_CLOSE = "<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant
 
 def test_two_calls_are_equal() -> None:
     assert cr.chat_requests() == REQUESTS
+
+
+def _broken_file(tmp_path: Path, change: Any) -> Path:
+    data = json.loads(cr.REQUESTS_FILE.read_text(encoding="utf-8"))
+    change(data)
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("change, text", [
+    (lambda d: d["requests"].reverse(), "request 1: id 'chat-0660-roleplay' or kind 'roleplay' out of order"),
+    (lambda d: d["requests"][1].update(text=d["requests"][0]["text"]), "chat-0002-writing: text empty, unstripped or "
+                                                                       "repeated"),
+    (lambda d: d["requests"][0].update(text=" x"), "chat-0001-writing: text empty, unstripped or repeated"),
+    (lambda d: d["requests"][0].update(group="advice-01"), "chat-0001-writing: group 'advice-01' is not writing-NN"),
+    (lambda d: d["requests"][0].pop("group"), "request 1 must have the text fields id, kind, group, text"),
+    (lambda d: d["passages"].reverse(), "names no passage this request holds"),
+    (lambda d: d.update(kinds=["writing"]), "kinds must be writing, open-question"),
+    (lambda d: d.pop("requests"), "expected an object with lists 'passages' and 'requests'"),
+])
+def test_a_broken_requests_file_is_refused_in_one_line(tmp_path: Path, change: Any, text: str) -> None:
+    path = _broken_file(tmp_path, change)
+    with pytest.raises(cr.RequestsFileError, match=re.escape(text)) as info:
+        cr.chat_requests(path)
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(path))
+
+
+def test_the_committed_requests_file_is_the_set(tmp_path: Path) -> None:
+    """The file round-trips: read, written back in its fields and read again, it gives the same requests."""
+    data = json.loads(cr.REQUESTS_FILE.read_text(encoding="utf-8"))
+    assert [r["id"] for r in data["requests"]] == [r.request_id for r in REQUESTS]
+    assert tuple(data["passages"]) == cr.PASSAGES and len(cr.PASSAGES) == 20
+    assert cr.chat_requests(_broken_file(tmp_path, lambda d: None)) == REQUESTS
 
 
 def test_size_kinds_and_ids() -> None:
