@@ -816,6 +816,8 @@ def test_shard_plan_edge_cases() -> None:
     assert _shard_plan([], "length", 4, 10) == [] and shard_count(0, 4) == 0
     assert _shard_plan([[1, 2]], "length", 4, 10) == [[0]]
     assert _shard_plan([[1, 2], [3]], "length", 2, 10) == [[1, 0]]  # one batch holds them: one shard
+    skewed = [[1] * (5 + 40 * (i % 3)) for i in range(16)]  # one batch of unequal prompts: still one shard
+    assert len(_shard_plan(skewed, "length", 16, 128)) == 1
     assert shard_count(3, 8) == 1 and shard_count(3, 2) == 2 and shard_count(10, 1) == 10 and shard_count(36, 16) == 4
     one_each = _shard_plan([[1]] * 5, "given", 1, 3)
     assert one_each == [[0], [1], [2], [3], [4]]

@@ -380,6 +380,8 @@ def _shard_plan(token_ids: list[list[int]], order: str, per_shard: int, n_steps:
         cumulative.append(cumulative[-1] + shard_work(len(token_ids[i]), n_steps))
     best: tuple[float, list[int]] | None = None
     base = shard_count(n, per_shard)
+    if base == 1:  # every prompt fits one batch, which decodes them fastest: no halves to balance
+        return [positions]
     for count in range(base, min(n, 4 * base) + 1, 2):
         cuts = _equal_work_cuts(cumulative, count, per_shard)
         halves = [sum(cumulative[b] - cumulative[a] for a, b in list(zip(cuts, cuts[1:]))[r::2]) for r in (0, 1)]
