@@ -850,3 +850,22 @@ def test_shard_plan_on_the_chat_requests() -> None:
     assert max(work) <= 1.15 * min(work), work
     old = _rank_work(_count_plan(token_ids, 16), token_ids, 128, 2)
     assert max(work) / min(work) < max(old) / min(old)
+
+
+def test_weight_hashes_are_remembered_by_name_size_and_mtime(tmp_path, monkeypatch) -> None:
+    """model_identity hashes a folder's weight files once; a file that changes is hashed again."""
+    import os
+
+    from companion.harvest import store
+
+    w = tmp_path / "model.safetensors"
+    w.write_bytes(b"a" * 1000)
+    calls: list[Path] = []
+    real = store.file_sha256
+    monkeypatch.setattr(store, "file_sha256", lambda f: calls.append(f) or real(f))
+    first = store._weights_sha256(tmp_path, [w])
+    assert first == {"model.safetensors": real(w)} and len(calls) == 1
+    assert store._weights_sha256(tmp_path, [w]) == first and len(calls) == 1, "remembered"
+    w.write_bytes(b"b" * 1001)
+    os.utime(w, ns=(1, 1))
+    assert store._weights_sha256(tmp_path, [w]) == {"model.safetensors": real(w)} != first and len(calls) == 2
