@@ -3,7 +3,7 @@
 ``load_pair("qwen2.5-coder")`` gives Qwen2.5-Coder-1.5B-Instruct with Qwen2.5-Coder-0.5B-Instruct
 as its drafter and ``load_pair("smollm2")`` SmolLM2-135M-Instruct with the drafter this project
 distilled for it: real instruct LLMs whose weights come from the package index
-(:mod:`companion.weights`); ``load_pair("closed-world")`` (also called
+(:mod:`companion.weights.convert`); ``load_pair("closed-world")`` (also called
 ``"default"``, its former name) the embedded tiny Qwen3 pair trained on a closed world, which ships
 with the package. The same function loads hub ids or local folders
 (``load_pair("Qwen/Qwen3-4B", "Qwen/Qwen3-0.6B")``), so every experiment runs the same code on
@@ -65,7 +65,7 @@ def _smollm2_spec(with_drafter: bool = True) -> PairSpec:
 
 
 def _registry_pair(target: str, drafter: str | None) -> Callable[..., PairSpec]:
-    """A preset of two models of the package-index registry (:mod:`companion.weights`), in the target's dtype."""
+    """A preset of two models of the package-index registry (:mod:`companion.weights.convert`), in the target's dtype."""
     def spec(with_drafter: bool = True) -> PairSpec:
         from companion.weights import source
 

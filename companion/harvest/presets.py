@@ -14,7 +14,7 @@ preset                   target                       drafter                   
 ``default`` is the former name of ``closed-world`` and still means it. ``qwen2.5-coder`` is the
 book's main pair on a CPU: Qwen's own Q4_K_M GGUF files of Qwen2.5-Coder-1.5B-Instruct and
 0.5B-Instruct (Apache-2.0), dequantised to bfloat16 (float32 on a CPU without bf16), from the
-package index (:mod:`companion.weights`); their vocabulary (151,936) is the size of Qwen3's.
+package index (:mod:`companion.weights.convert`); their vocabulary (151,936) is the size of Qwen3's.
 ``qwen2.5-coder-0.5b`` is the 0.5B as a target on its own, and ``smollm2`` the small model with the
 drafter this project distilled for it (the weights, likewise, from the package index). Their prompts are written for this project in the paper's shape (chat requests of many
 kinds, at least 64 tokens with the chat template; :mod:`companion.chat_requests`).
