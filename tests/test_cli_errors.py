@@ -3,8 +3,8 @@
 The harvest cases are checked before any model loads (the ones that need a tokenizer or an existing
 harvest use the tiny random pair of ``companion.harvest.toy``); ``companion reproduce -p`` is checked
 against the type of the notebook's default before any notebook runs, and ``--root``, ``--cell-timeout``,
-``--figures-dir`` and parameter ranges too; ``retrain`` and ``pair-report`` check ``--set``,
-``--reuse-target``, ``--compare-to`` and ``--pair`` before any training or model load. Each case runs ``companion``
+``--figures-dir`` and parameter ranges too; ``pair-report`` checks ``--pair`` before any model load,
+and the retired ``retrain`` is an unknown command. Each case runs ``companion``
 in this process (``companion.cli.main``), so the whole table takes seconds; Ctrl-C is checked on a
 real process, with a real SIGINT.
 """
@@ -188,7 +188,7 @@ def _with_config(key: str, value):
 
 RHELP = " (see `companion reproduce --help`)"
 PAIR_PARTS = ("a pair folder holds manifest.json, target/config.json, drafter/config.json, prompts.jsonl "
-              "(written by companion retrain)")
+              "(as companion/assets/default_pair does)")
 
 
 def _folders(work: Path, ctx: dict, monkeypatch) -> None:
@@ -335,48 +335,6 @@ CASES = [
     ("reproduce-figures-dir-is-a-file", ["reproduce", "--root", "{work}/project", "--figures-dir", "{work}/taken"],
      "companion reproduce: error: --figures-dir {work}/taken is a file; pass a folder",
      lambda work, ctx, mp: (_project(work, ctx, mp), _write("taken", b"mine")(work, ctx, mp))),
-    ("retrain-set-unknown-key", ["retrain", "--out", "{work}/out", "--set", "nosuch=1"],
-     "companion retrain: --set nosuch=1: unknown config key 'nosuch'; known: seed, vocab_size, max_files, seq_len, "
-     "max_position_embeddings, rope_theta, target.*, drafter.*, target_stage.*, drafter_stage.*, save_dtype, "
-     "num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, prompt_max_tokens, greedy_prompts, greedy_steps, task_set, "
-     "chat_conversations, natural_share, answer_only_loss, eval_conversations, regime_prompts, regime_steps, "
-     "assisted_num_tokens, copy_warmup_steps, copy_share", None),
-    ("retrain-set-unknown-nested-key", ["retrain", "--out", "{work}/out", "--set", "target_stage.nope=1"],
-     "companion retrain: --set target_stage.nope=1: unknown config key 'target_stage.nope'; known: "
-     "target_stage.steps, target_stage.batch_size, target_stage.lr, target_stage.warmup_steps, "
-     "target_stage.min_lr_ratio, target_stage.weight_decay, target_stage.grad_clip", None),
-    ("retrain-set-not-an-integer", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=abc"],
-     "companion retrain: --set target_stage.steps=abc: expected an integer >= 1 (now 2000), got 'abc'", None),
-    ("retrain-set-not-a-number", ["retrain", "--out", "{work}/out", "--set", "target_stage.lr=fast"],
-     "companion retrain: --set target_stage.lr=fast: expected a finite number in (0, inf) (now 0.003), got 'fast'",
-     None),
-    ("retrain-set-not-a-boolean", ["retrain", "--out", "{work}/out", "--set", "answer_only_loss=maybe"],
-     "companion retrain: --set answer_only_loss=maybe: expected true or false, got 'maybe'", None),
-    ("retrain-set-a-group", ["retrain", "--out", "{work}/out", "--set", "drafter=3"],
-     "companion retrain: --set drafter=3: config key 'drafter' is a group: set one of its fields (drafter.hidden_size, "
-     "drafter.num_hidden_layers, drafter.intermediate_size, drafter.num_attention_heads, "
-     "drafter.num_key_value_heads, drafter.head_dim)", None),
-    ("retrain-set-no-equals", ["retrain", "--out", "{work}/out", "--set", "seed"],
-     "companion retrain: --set expects KEY=VALUE, got 'seed'", None),
-    ("retrain-reuse-target-missing", ["retrain", "--out", "{work}/out", "--reuse-target", "{work}/nonexistent"],
-     "companion retrain: --reuse-target {work}/nonexistent: no such folder; " + PAIR_PARTS, None),
-    ("retrain-reuse-target-model", ["retrain", "--out", "{work}/out", "--reuse-target", "{work}/model"],
-     "companion retrain: --reuse-target {work}/model is a single model folder, not a pair; " + PAIR_PARTS, _folders),
-    ("retrain-compare-to-missing", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/nonexistent"],
-     "companion retrain: --compare-to {work}/nonexistent: no such file; pass a pair's manifest.json or its folder",
-     None),
-    ("retrain-compare-to-empty-folder", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/empty"],
-     "companion retrain: --compare-to {work}/empty: no manifest.json in this folder; pass a pair's manifest.json or "
-     "its folder", _folders),
-    ("retrain-compare-to-not-json", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/file.txt"],
-     "companion retrain: --compare-to {work}/file.txt is not a readable JSON manifest (Expecting value: line 1 "
-     "column 1 (char 0))", _folders),
-    ("retrain-compare-to-and-no-compare", ["retrain", "--out", "{work}/out", "--compare-to", "{work}/file.txt",
-                                           "--no-compare"],
-     "companion retrain: --compare-to {work}/file.txt and --no-compare contradict each other: give one", _folders),
-    ("retrain-out-is-a-file", ["retrain", "--out", "{work}/file.txt"],
-     "companion retrain: --out {work}/file.txt is a file; pass a folder (it is replaced atomically if it exists)",
-     _folders),
     ("pair-report-missing", ["pair-report", "--pair", "{work}/nonexistent"],
      "companion pair-report: --pair {work}/nonexistent: no such folder; " + PAIR_PARTS, None),
     ("pair-report-empty-folder", ["pair-report", "--pair", "{work}/empty"],
@@ -424,21 +382,10 @@ CASES = [
     ("reproduce-jobs-empty", ["reproduce", "--root", "{work}/project", "--jobs", ""],
      "companion reproduce: argument --jobs/-j: expected a positive integer (chapters run at once), got ''" + RHELP,
      _project),
-    ("pair-report-config-empty", ["pair-report", "--pair", "{work}/pair"],
-     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
-     "companion: config lacks seed, vocab_size, max_files, seq_len, max_position_embeddings, rope_theta, target, "
-     "drafter, target_stage, drafter_stage, save_dtype, num_threads, eval_max_tokens, n_prompts, prompt_min_tokens, "
-     "prompt_max_tokens, greedy_prompts, greedy_steps, task_set, chat_conversations, natural_share, "
-     "answer_only_loss, eval_conversations, regime_prompts, regime_steps, assisted_num_tokens, copy_warmup_steps, "
-     "copy_share, extra (written by another version of companion?)", _pair_folder(_with("config", {}))),
     ("pair-report-task-set", ["pair-report", "--pair", "{work}/pair"],
-     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
-     "companion: unknown chat task set 'bogus'; expected one of mixed, closed",
+     "companion pair-report: --pair {work}/pair/manifest.json: its config's task_set 'bogus' is not one this "
+     "version generates (closed)",
      _pair_folder(_with_config("task_set", "bogus"))),
-    ("pair-report-newer-config", ["pair-report", "--pair", "{work}/pair"],
-     "companion pair-report: --pair {work}/pair/manifest.json: its config cannot be read by this version of "
-     "companion: config has fields this version does not know: lora_rank (written by another version of "
-     "companion?)", _pair_folder(_with_config("lora_rank", 8))),
     ("pair-report-digests-list", ["pair-report", "--pair", "{work}/pair"],
      "companion pair-report: --pair {work}/pair/manifest.json is damaged: 'files_sha256' must map file paths to "
      "sha256 digests, got list", _pair_folder(_with("files_sha256", ["a", "b"]))),
@@ -451,34 +398,6 @@ CASES = [
     ("pair-report-prompts-not-json", ["pair-report", "--pair", "{work}/pair"],
      "companion pair-report: --pair {work}/pair/prompts.jsonl:1: not valid JSON (Expecting value at column 1); "
      "each line must be one JSON object with " + FIELDS, _pair_folder(prompts=b"not json\n")),
-    ("retrain-set-dtype-bogus", ["retrain", "--out", "{work}/out", "--set", "save_dtype=bogus"],
-     "companion retrain: --set save_dtype=bogus: unknown save dtype 'bogus'; expected one of float16, bfloat16, "
-     "float32", None),
-    ("retrain-set-threads-0", ["retrain", "--out", "{work}/out", "--set", "num_threads=0"],
-     "companion retrain: --set num_threads=0: expected an integer >= 1 (now 1), got '0'", None),
-    ("retrain-set-steps-negative", ["retrain", "--out", "{work}/out", "--set", "target_stage.steps=-5"],
-     "companion retrain: --set target_stage.steps=-5: expected an integer >= 1 (now 2000), got '-5'", None),
-    ("retrain-set-lr-nan", ["retrain", "--out", "{work}/out", "--set", "target_stage.lr=nan"],
-     "companion retrain: --set target_stage.lr=nan: expected a finite number in (0, inf) (now 0.003), got 'nan'",
-     None),
-    ("retrain-set-share-2", ["retrain", "--out", "{work}/out", "--set", "natural_share=2"],
-     "companion retrain: --set natural_share=2: expected a finite number in [0, 1) (now 0.15), got '2'", None),
-    ("retrain-set-seq-len-none", ["retrain", "--out", "{work}/out", "--set", "seq_len=none"],
-     "companion retrain: --set seq_len=none: expected an integer >= 2 (now 256), got 'none'", None),
-    ("retrain-set-vocab-0", ["retrain", "--out", "{work}/out", "--set", "vocab_size=0"],
-     "companion retrain: --set vocab_size=0: expected an integer >= 262 (now 4096), got '0'", None),
-    ("retrain-set-max-files-text", ["retrain", "--out", "{work}/out", "--set", "max_files=abc"],
-     "companion retrain: --set max_files=abc: expected an integer >= 1 or none (now None), got 'abc'", None),
-    ("retrain-seed-huge", ["retrain", "--out", "{work}/out", "--seed", "99999999999999999999999"],
-     "companion retrain: --set seed=99999999999999999999999: expected an integer in [0, 4611686018427387904] "
-     "(now 0), got '99999999999999999999999'", None),
-    ("retrain-out-under-a-file", ["retrain", "--out", "{work}/file.txt/out"],
-     "companion retrain: --out {work}/file.txt/out: cannot create it, {work}/file.txt is a file", _folders),
-    ("retrain-out-read-only", ["retrain", "--out", "{work}/ro/out"],
-     "companion retrain: --out {work}/ro/out: cannot create it, {work}/ro is not writable", _read_only_out),
-    ("retrain-checkpoint-dir-file", ["retrain", "--out", "{work}/out", "--checkpoint-dir", "{work}/file.txt"],
-     "companion retrain: --checkpoint-dir {work}/file.txt is a file; pass a folder (it is created if missing)",
-     _folders),
 ]
 
 
@@ -499,6 +418,20 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(pair, tmp_path, monkeypat
     assert (code, err) == (2, message.format(**ctx) + "\n")
     assert _snapshot(work) == before, "a refused command must write nothing"
     assert _snapshot(pair["target"].parent) == pair_before
+
+
+def test_retrain_is_retired_an_unknown_command_in_one_line(tmp_path) -> None:
+    """The closed-world pair is frozen (companion.tiny_pair): `companion retrain`, even with the --out that
+    used to end in a FileNotFoundError traceback, is one line on stderr and exit status 2, nothing written."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for argv in (["retrain", "--shrink", "--out", "/proc/x/y"], ["retrain", "--out", str(tmp_path / "out")]):
+        out = subprocess.run([sys.executable, "-m", "companion", *argv], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=300)
+        assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+            "companion: argument COMMAND: invalid choice: 'retrain' (choose from "), out.stderr
+        assert "pair-report" in out.stderr and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # -------------------------------------------------------------------------------------------------
@@ -572,7 +505,7 @@ def test_pair_report_of_a_manifest_without_training_says_what_is_missing(tmp_pat
         return m
 
     _pair_folder(without_training)(work, {}, monkeypatch)
-    code = main(["pair-report", "--pair", str(work / "pair"), "--no-recompute", "--no-speed"])
+    code = main(["pair-report", "--pair", str(work / "pair"), "--no-load"])
     out, err = capsys.readouterr()
     assert code == 1  # the empty model configs differ from the manifest's digests
     assert "training target: not recorded in the manifest" in out and "Traceback" not in err, (out, err)

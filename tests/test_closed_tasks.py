@@ -1,5 +1,7 @@
-"""The "closed" chat task set: answers right by independent oracles, a closed vocabulary, and its
-deliberate alternatives drawn with their stated weights and all recognised as valid answers."""
+"""The "closed" chat task set that wrote the closed-world pair's prompts: answers right by independent
+oracles, a closed vocabulary, its deliberate alternatives drawn with their stated weights and all
+recognised as valid answers; the committed tokenizer's template is the corpus's chat format; and
+the committed target answers its held-out requests right, as its manifest says."""
 from __future__ import annotations
 
 import calendar
@@ -49,12 +51,72 @@ def test_unknown_task_set_is_refused(material: cc.Material) -> None:
         cc.generate(material, 0, 0, "train", "open")
 
 
-def test_the_task_sets_are_independent_streams(material: cc.Material) -> None:
+def test_closed_is_the_only_task_set_and_the_default(material: cc.Material) -> None:
     closed = [cc.generate(material, 0, i, "train", "closed") for i in range(50)]
-    assert closed == [cc.generate(material, 0, i) for i in range(50)]  # "closed" is the recipe's default
-    assert {t for t, _, _ in closed} <= set(ct.CLOSED_TASKS)
-    mixed = [cc.generate(material, 0, i, "train", "mixed") for i in range(50)]
-    assert {t for t, _, _ in mixed} <= set(cc.TASKS) and not {q for _, q, _ in mixed} & {q for _, q, _ in closed}
+    assert closed == [cc.generate(material, 0, i) for i in range(50)]  # "closed" is the default
+    assert {t for t, _, _ in closed} <= set(ct.CLOSED_TASKS) and cc.TASK_SETS == ("closed",)
+    with pytest.raises(ValueError, match="unknown chat task set 'mixed'; expected one of closed"):
+        cc.tasks_of("mixed")  # the earlier recipe's set, retired with it
+
+
+@pytest.fixture(scope="module")
+def committed_tokenizer():
+    from transformers import AutoTokenizer
+
+    from companion.tiny_pair import ASSET_DIR
+
+    return AutoTokenizer.from_pretrained(ASSET_DIR / "tokenizer")
+
+
+def test_the_committed_template_renders_the_corpus_format(committed_tokenizer, material: cc.Material) -> None:
+    """The pair's tokenizer writes a request as the generator does, so a templated prompt is a training prompt."""
+    from companion.tiny_pair.tokenizer import CHAT_TEMPLATE, EOS_TOKEN
+
+    tok = committed_tokenizer
+    assert tok.chat_template == CHAT_TEMPLATE and tok.eos_token == EOS_TOKEN
+    for i in range(20):
+        _, q, a = cc.generate(material, 0, i, "train")
+        assert tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                       add_generation_prompt=True) == cc.user_turn(q)
+        full = tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+                                       tokenize=False)
+        assert full == cc.conversation(q, a) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6))
+def test_prompt_tokens_are_a_prefix_of_the_conversation_tokens(committed_tokenizer, i: int) -> None:
+    """Decoding starts where training saw the answer start: no token straddles the prompt's end."""
+    tok = committed_tokenizer
+    _, q, a = cc.generate(_material(), 0, i, "train")
+    p = tok(cc.user_turn(q), add_special_tokens=False)["input_ids"]
+    full = tok(cc.conversation(q, a), add_special_tokens=False)["input_ids"]
+    assert full[: len(p)] == p and full[-1] == tok.eos_token_id
+
+
+def test_the_committed_target_answers_its_held_out_requests_right() -> None:
+    """The manifest's claim (right on every regime prompt), on the first 24 prompts of the pair's set,
+    each regenerated from its ``line`` and judged against every answer its task allows."""
+    import json
+
+    from companion.models import load_pair
+    from companion.prompts import load_prompts
+    from companion.tiny_pair import ASSET_DIR
+    from companion.tiny_pair.tasks_report import greedy_answer, request_of
+
+    seed = json.loads((ASSET_DIR / "manifest.json").read_text())["config"]["seed"]
+    target, _, tok = load_pair("closed-world")
+    eos = sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")})
+    wrong = []
+    for p in load_prompts("default")[:24]:  # the pair's own prompt set
+        task, valid = valid_answers(_material(), seed, p.line)
+        assert p.source == f"chat:{task}" and cc.user_turn(request_of(p.text)) == p.text, p.prompt_id
+        tokens, _ = greedy_answer(target, tok, p.text, 64, eos)
+        assert tokens and tokens[-1] in eos, f"{p.prompt_id}: no end of turn within 64 steps"
+        answer = tok.decode(tokens[:-1], skip_special_tokens=True)
+        if not answer_is_right(task, answer, valid):
+            wrong.append((p.prompt_id, answer))
+    assert not wrong, wrong
 
 
 def test_closed_tasks_ignore_the_standard_library_material(material: cc.Material) -> None:

@@ -1,11 +1,10 @@
-"""What every task set of the chat corpus shares: the facts both know, the material the tasks draw
-from, the task signature, and the draw of an answer's wording.
+"""What the chat corpus's tasks share: the facts they know, the material they draw from, the task
+signature, and the draw of an answer's wording.
 
-:mod:`companion.tiny_pair.chat_corpus` (the corpus machinery and the "mixed" set) and
-:mod:`companion.tiny_pair.closed_tasks` (the "closed" set) both build on this module, and neither
-on the other's internals. Every task draws its wordings through :func:`_answer`, looked up on this
-module at call time, so that :func:`companion.tiny_pair.tasks_report.valid_answers` can replace it
-and enumerate every answer the generator could have written.
+:mod:`companion.tiny_pair.chat_corpus` (the generator) and :mod:`companion.tiny_pair.closed_tasks`
+(the tasks) build on this module. Every task draws its wordings through :func:`_answer`, looked up
+on this module at call time, so that :func:`companion.tiny_pair.tasks_report.valid_answers` can
+replace it and enumerate every answer the generator could have written.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ class CodeUnit:
 
 @dataclass(frozen=True)
 class Material:
-    """What the tasks draw from: stdlib code units and identifiers of one split."""
+    """What the tasks draw from: stdlib code units and identifiers of one split (empty for the closed set)."""
 
     units: tuple[CodeUnit, ...]
     idents: tuple[str, ...]

@@ -1,7 +1,7 @@
 """The "closed" task set: answers that need no copying, with ambiguity placed on purpose.
 
 Why: a 5M-parameter model trained for under an hour does not learn to copy a free list from its
-prompt (the "mixed" set's copy tasks were right 0 % of the time), so its uncertain steps there
+prompt (the retired "mixed" set's copy tasks were right 0 % of the time), so its uncertain steps there
 were guesses over every name it had seen, nothing like a chat LLM's. Here every answer's content
 follows from a memorised fact (a capital, an animal's sound, the days of a month) or a rule over
 a small closed set (the day after Friday, the opposite of a word), and the only items carried

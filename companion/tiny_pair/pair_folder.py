@@ -1,8 +1,8 @@
-"""A pair folder written by ``companion retrain``: what it holds, how to read and check it.
+"""A closed-world pair folder (the committed one, or a copy): what it holds, how to read and check it.
 
-The reading side of a build, shared by the trainer (which writes the folder and its digests) and by
-``pair-report`` and ``retrain --reuse-target`` (which read it): it imports no training code. Every
-problem with a folder given as a pair (missing, a file, a part missing, a damaged or foreign
+The layout is the committed ``companion/assets/default_pair``'s (built by the retired ``companion
+retrain``; see :mod:`companion.tiny_pair`). ``pair-report`` reads a folder through this module.
+Every problem with a folder given as a pair (missing, a file, a part missing, a damaged or foreign
 manifest, prompts that do not parse) is a :class:`PairFolderError` with one line, found before any
 model is loaded.
 """
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from companion.tiny_pair.config import TrainConfig
+from companion.tiny_pair.chat_corpus import TASK_SETS
 
 MANIFEST_NAME = "manifest.json"
 PAIR_PARTS = (MANIFEST_NAME, "target/config.json", "drafter/config.json", "prompts.jsonl")
@@ -52,17 +52,18 @@ def verify_files(pair_dir: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def read_pair_manifest(pair_dir: str | Path) -> dict[str, Any]:
-    """The manifest of a pair folder written by ``companion retrain``, after checking it is one.
+    """The manifest of a pair folder, after checking it is one.
 
     Checks, in this order: the folder and its parts (:data:`PAIR_PARTS`), the manifest is a JSON
-    object, its ``config`` is one this version reads (:meth:`TrainConfig.from_dict`: every field
-    known, none missing, every value in range), ``files_sha256`` (when present) maps paths to
+    object, its ``config`` (the recipe it was built with, a record) is a mapping whose ``task_set``
+    is one this version generates (:data:`~companion.tiny_pair.chat_corpus.TASK_SETS`, so its
+    prompts can be regenerated and checked), ``files_sha256`` (when present) maps paths to
     digests, and the sections a report reads (``training``, ``figures``, ``models``, ``corpus``)
     are mappings when present. Raises :class:`PairFolderError` with one line naming the folder or
     file and what is wrong, before any model is loaded.
     """
     pair_dir = Path(pair_dir)
-    what = "a pair folder holds " + ", ".join(PAIR_PARTS) + " (written by companion retrain)"
+    what = "a pair folder holds " + ", ".join(PAIR_PARTS) + " (as companion/assets/default_pair does)"
     if not pair_dir.exists():
         raise PairFolderError(f"{pair_dir}: no such folder; {what}")
     if not pair_dir.is_dir():
@@ -79,7 +80,10 @@ def read_pair_manifest(pair_dir: str | Path) -> dict[str, Any]:
         raise PairFolderError(f"{path} is damaged (not valid JSON: {err})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
         raise PairFolderError(f"{path} is not a pair manifest (no 'config' mapping)")
-    pair_config(manifest, path)
+    task_set = manifest["config"].get("task_set")
+    if task_set not in TASK_SETS:
+        raise PairFolderError(f"{path}: its config's task_set {task_set!r} is not one this version generates "
+                              f"({', '.join(TASK_SETS)})")
     digests = manifest.get("files_sha256")
     if digests is not None and not (isinstance(digests, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in digests.items())):
@@ -93,14 +97,6 @@ def read_pair_manifest(pair_dir: str | Path) -> dict[str, Any]:
         if value is not None and not isinstance(value, dict):
             raise PairFolderError(f"{path} is damaged: {section!r} must be a mapping, got {type(value).__name__}")
     return manifest
-
-
-def pair_config(manifest: dict[str, Any], path: Path | str = MANIFEST_NAME) -> TrainConfig:
-    """The manifest's training config; :class:`PairFolderError` (one line naming ``path``) if this version cannot read it."""
-    try:
-        return TrainConfig.from_dict(manifest["config"])
-    except (ValueError, TypeError, KeyError) as err:
-        raise PairFolderError(f"{path}: its config cannot be read by this version of companion: {err}") from None
 
 
 def read_pair_prompts(pair_dir: str | Path) -> list[Any]:
