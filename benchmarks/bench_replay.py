@@ -30,12 +30,27 @@ one's fastest run:
 For each it prints both times and the ratio reference / fast, and checks that the results agree:
 the same rounds for every replay, the same grid rows field for field, the same tokens for
 ``_steps`` with the largest relative ``q`` difference printed.
+
+5. **grid vs ``--against``** (default ``4c469c7``, the commit before the fast paths): the same
+   :func:`~companion.speculative.replay_grid` run by that revision's own code (``git archive`` into a
+   temporary folder, run in a subprocess on the same recordings, passed as plain data), so that the
+   calibrated rules' speed-up is in the ratio too; ``--against ''`` skips it.
+
+Times are CPU seconds of this process (``time.process_time``, one thread), steadier than the wall
+clock on a shared machine.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import io
 import math
+import os
+import pickle
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,15 +60,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def held_out_openings(n: int, chars: int = 240) -> list[str]:
-    """The first ``chars`` characters of the first ``n`` plain-ASCII held-out standard-library files (the
-    embedded pair continues Python source for as long as it is asked: long greedy texts)."""
+def held_out_openings(n: int, chars: int = 240, stride: int = 1200) -> list[str]:
+    """``n`` plain-ASCII windows of ``chars`` characters from the held-out standard-library files: every
+    file's opening first, then the windows ``stride`` characters further on, and so on (the embedded
+    pair continues Python source for as long as it is asked: long greedy texts)."""
     from companion.tiny_pair import corpus as corpus_mod
 
     _, held = corpus_mod.split_corpus(corpus_mod.load_corpus(None))
-    texts = [f.text[:chars] for f in held if len(f.text) >= chars and f.text[:chars].isascii()]
+    texts: list[str] = []
+    offset = 0
+    while len(texts) < n and any(len(f.text) >= offset + chars for f in held):
+        texts += [f.text[offset:offset + chars] for f in held
+                  if len(f.text) >= offset + chars and f.text[offset:offset + chars].isascii()]
+        offset += stride
     if len(texts) < n:
-        raise SystemExit(f"error: only {len(texts)} held-out files have {chars} plain characters; {n} were asked for")
+        raise SystemExit(f"error: only {len(texts)} held-out windows of {chars} plain characters; {n} were asked for")
     return texts[:n]
 
 
@@ -63,9 +84,9 @@ def best_of(repeats: int, runs: dict[str, Callable[[], Any]]) -> tuple[dict[str,
     results: dict[str, Any] = {}
     for _ in range(repeats):
         for name, run in runs.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             results[name] = run()
-            times[name] = min(times[name], time.perf_counter() - t0)
+            times[name] = min(times[name], time.process_time() - t0)
     return times, results
 
 
@@ -75,12 +96,70 @@ def rounds(r) -> tuple:
 
 
 def row_key(r) -> dict:
-    return {**r.__dict__, "gap_closed": {p: ("nan" if math.isnan(x) else x) for p, x in r.gap_closed.items()}}
+    """A grid row as plain data (nan as "nan", so that equal rows compare equal)."""
+    d = dataclasses.asdict(r)
+    return {**d, "gap_closed": {p: ("nan" if math.isnan(x) else x) for p, x in d["gap_closed"].items()}}
+
+
+_AT_REVISION = """
+import math, pickle, sys, time, dataclasses
+import torch
+torch.set_num_threads(1)
+from companion.speculative import CostModel, DraftStep, RecordedChains, replay_grid
+job = pickle.load(open(sys.argv[1], "rb"))
+def rec(d):
+    chains = tuple(tuple(DraftStep(*step) for step in chain) for chain in d["chains"])
+    return RecordedChains(tuple(d["tokens"]), chains, tuple(d["kl"]), d["max_new_tokens"], d["max_drafts"],
+                          frozenset(d["eos"]), d["ended"], tuple(d["disagreements"]))
+evals, calib = [rec(d) for d in job["evals"]], [rec(d) for d in job["calib"]]
+grid = [(shape, CostModel(c=c, verify=tuple(v))) for shape, c, v in job["grid"]]
+best, rows = math.inf, None
+for _ in range(job["repeats"]):
+    t0 = time.process_time()
+    rows = replay_grid(evals, calib, grid, n_boot=2000)
+    best = min(best, time.process_time() - t0)
+plain = [dataclasses.asdict(r) for r in rows]
+for d in plain:
+    d["gap_closed"] = {p: ("nan" if math.isnan(x) else x) for p, x in d["gap_closed"].items()}
+pickle.dump({"seconds": best, "rows": plain}, open(sys.argv[2], "wb"))
+"""
+
+
+def plain_recording(ch) -> dict:
+    """A recording as plain data, which any revision's RecordedChains can be made from."""
+    return {"tokens": list(ch.tokens), "kl": list(ch.kl), "max_new_tokens": ch.max_new_tokens,
+            "max_drafts": ch.max_drafts, "eos": sorted(ch.eos_token_ids), "ended": ch.ended_by_eos,
+            "disagreements": list(ch.disagreements),
+            "chains": [[(d.token, d.q1, d.q2, d.rho) for d in chain] for chain in ch.chains]}
+
+
+def grid_at_revision(rev: str, evals, calib, grid, repeats: int) -> tuple[float, list[dict]] | str:
+    """``(CPU seconds, rows)`` of ``replay_grid`` as revision ``rev``'s code runs it, or why it could not run."""
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev, "companion"],
+                                 capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        return f"git archive {rev} failed ({getattr(err, 'stderr', b'').decode(errors='replace').strip() or err})"
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        job, out = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "out.pkl")
+        with open(job, "wb") as f:
+            pickle.dump({"evals": [plain_recording(c) for c in evals], "calib": [plain_recording(c) for c in calib],
+                         "grid": [(shape, costs.c, list(costs.verify)) for shape, costs in grid],
+                         "repeats": repeats}, f)
+        env = {**os.environ, "PYTHONPATH": tmp, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", _AT_REVISION, job, out], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"revision {rev} failed: {done.stderr.strip().splitlines()[-1:]}"
+        with open(out, "rb") as f:
+            result = pickle.load(f)
+    return result["seconds"], result["rows"]
 
 
 def line(what: str, times: dict[str, float], same: bool, extra: str = "") -> None:
     ref, fast = times["reference"], times["fast"]
-    print(f"{what:<10} reference {ref:8.3f} s   fast {fast:8.3f} s   ratio {ref / fast:6.1f}x   "
+    print(f"{what:<13} reference {ref:8.3f} s   fast {fast:8.3f} s   ratio {ref / fast:5.1f}x   "
           f"{'same results' if same else 'RESULTS DIFFER'}{extra}", flush=True)
 
 
@@ -92,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", type=int, default=18, help="cost models of the grid replayed (at most 18)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each path (the fastest is kept)")
     ap.add_argument("--steps-rows", type=int, default=128, help="rows of the [rows, 151936] logits for _steps")
+    ap.add_argument("--against", default="4c469c7", help="a git revision whose own replay_grid is timed too ('': none)")
     args = ap.parse_args(argv)
     for name in ("prompts", "tokens", "grid", "repeats", "steps_rows"):
         if getattr(args, name) < 1:
@@ -154,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     times, res = best_of(args.repeats, {"reference": lambda: whole(False), "fast": lambda: whole(True)})
     line("grid", times, res["reference"] == res["fast"], f"   ({len(grid)} cost models, {len(names)} built-ins + "
                                                          f"4 calibrated rules + oracle each)")
+    if args.against:
+        then = grid_at_revision(args.against, evals, calib, grid, args.repeats)
+        if isinstance(then, str):
+            print(f"grid at {args.against}: not timed, {then}", flush=True)
+        else:
+            line(f"grid@{args.against}"[:13], {"reference": then[0], "fast": times["fast"]}, then[1] == res["fast"],
+                 f"   (the reference column: revision {args.against}'s own replay_grid, calibrated rules included)")
 
     # 4. _steps
     gen = torch.Generator().manual_seed(0)

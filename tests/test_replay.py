@@ -207,6 +207,37 @@ def test_replay_is_live_decoding_round_for_round(pair, policy):
             modelled_cost(live, CostModel(c=0.3, verify=(1.0, 1.4, 1.45))), rel=1e-15)
 
 
+def test_array_replay_of_every_builtin_is_the_reference_on_the_recordings(pair):
+    """replay's array path (the default for transformers' built-ins) against fast=False, which drives the
+    policy call by call, on the pair's recordings and on one cut by max_drafts = 3 (where long drafts raise):
+    every grid built-in gives the same rounds or the same error, and a heuristic object is left with the same
+    K after each prompt."""
+    from companion.speculative.replay import grid_builtins
+
+    target, drafter, ids, recs = pair
+    short = record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, max_drafts=3)
+
+    def outcome(rec, spec, fast):
+        try:
+            r = replay(rec, spec, fast=fast)
+        except ValueError as err:
+            return str(err)
+        return (r.tokens.tolist(), r.accepted, r.submitted, r.drafted, r.draft_tokens, r.target_forwards,
+                r.drafter_forwards, r.ended_by_eos, r.policy)
+
+    raised = 0
+    for spec in grid_builtins() + LOSSLESS:
+        for i, rec in enumerate(recs + [short]):
+            want = outcome(rec, spec, False)
+            assert outcome(rec, spec, True) == want, f"{spec} on recording {i}"
+            raised += isinstance(want, str)
+    assert raised > 0, "the max_drafts = 3 recording should make long drafts raise"
+    fast, ref = parse_policy("heuristic:5"), parse_policy("heuristic:5")
+    for rec in recs:
+        assert not same_rounds(replay(rec, fast), replay(rec, ref, fast=False))
+        assert fast.k == ref.k
+
+
 @pytest.mark.parametrize("policy", ["certificate", "top1", "certificate:cal=kl", "heuristic"])
 def test_policy_state_carries_over_as_in_live_decoding(pair, policy):
     """A Policy object warmed on other prompts (the comparison's calibration) replays as it decodes."""
