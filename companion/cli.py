@@ -11,7 +11,7 @@ import sys
 
 # (module, description) in the order shown by ``companion --help``.
 COMMAND_MODULES: tuple[str, ...] = (
-    "companion.tiny_pair.cli",   # retrain / pair-report: the embedded default model pair
+    "companion.tiny_pair.cli",   # pair-report: the embedded closed-world pair, frozen
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
     "companion.distill.cli",     # build-drafter: SmolLM2's distilled drafter
     "companion.weights.cli",     # fetch-weights: models from the package index, converted once

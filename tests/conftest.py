@@ -76,7 +76,7 @@ def write_notebook(path: Path, parameters: str, *cells: str, title: str | None =
 # one long file from running alone at the end while the other worker idles.
 LONGEST_FILES = ("test_book_browser.py", "test_harvest.py", "test_drafter_side.py", "test_certificates_oracle.py",
                  "test_reproduce.py", "test_paper_rehearsal.py", "test_peaked_rows.py",
-                 "test_certificate_properties.py", "test_speculative.py", "test_tiny_pair.py")
+                 "test_certificate_properties.py", "test_speculative.py", "test_qwen_pair.py")
 
 # The files that read the built book (``built_book``). They form one unit of work under
 # pytest-xdist, so one worker builds the book and then reads it while the other runs everything

@@ -610,7 +610,7 @@ def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
     import companion.tiny_pair as tp
 
     monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match="companion retrain"):
+    with pytest.raises(FileNotFoundError, match="Restore it from the repository"):
         pr.check_default_assets()
     with pytest.raises(ValueError, match="unknown harvest preset"):
         pr.get_preset("paper-qwen3-8b")
@@ -623,7 +623,7 @@ def test_default_preset_without_assets_fails_clearly(monkeypatch, tmp_path, caps
     monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "no_assets")
     assert main(["harvest", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "embedded pair" in err and "companion retrain" in err
+    assert "embedded pair" in err and "Restore it from the repository" in err
     assert not (tmp_path / "out").exists()
 
 

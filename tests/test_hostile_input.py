@@ -265,45 +265,6 @@ def test_only_org_slash_name_goes_to_the_hub(name, bare) -> None:
     assert is_bare_name(name) is bare
 
 
-OVERRIDE_CASES = [
-    ("unknown", {"nosuch": "1"}, "nosuch=1: unknown config key 'nosuch'; known: seed, vocab_size"),
-    ("not-an-integer", {"target_stage.steps": "abc"}, "target_stage.steps=abc: expected an integer >= 1 (now 2000), "
-                                                      "got 'abc'"),
-    ("not-a-boolean", {"answer_only_loss": "maybe"}, "answer_only_loss=maybe: expected true or false, got 'maybe'"),
-    # issue 34: every knob in its range, at parse time
-    ("steps-negative", {"target_stage.steps": "-5"}, "target_stage.steps=-5: expected an integer >= 1 (now 2000), "
-                                                     "got '-5'"),
-    ("steps-zero", {"drafter_stage.steps": "0"}, "drafter_stage.steps=0: expected an integer >= 1 (now 600), got '0'"),
-    ("lr-nan", {"target_stage.lr": "nan"}, "target_stage.lr=nan: expected a finite number in (0, inf) (now 0.003), "
-                                           "got 'nan'"),
-    ("share-2", {"natural_share": "2"}, "natural_share=2: expected a finite number in [0, 1) (now 0.15), got '2'"),
-    ("share-negative", {"natural_share": "-1"}, "natural_share=-1: expected a finite number in [0, 1) (now 0.15), "
-                                                "got '-1'"),
-    ("seq-len-none", {"seq_len": "none"}, "seq_len=none: expected an integer >= 2 (now 256), got 'none'"),
-    ("vocab-0", {"vocab_size": "0"}, "vocab_size=0: expected an integer >= 262 (now 4096), got '0'"),
-    ("max-files-negative", {"max_files": "-3"}, "max_files=-3: expected an integer >= 1 or none (now None), got '-3'"),
-    ("max-files-text", {"max_files": "abc"}, "max_files=abc: expected an integer >= 1 or none (now None), got 'abc'"),
-    ("save-dtype-int8", {"save_dtype": "int8"}, "save_dtype=int8: unknown save dtype 'int8'; expected one of float16, "
-                                                "bfloat16, float32"),
-    ("threads-0", {"num_threads": "0"}, "num_threads=0: expected an integer >= 1 (now 1), got '0'"),
-    ("seed-huge", {"seed": "99999999999999999999999"}, "seed=99999999999999999999999: expected an integer in [0, "
-                                                       "4611686018427387904] (now 0), got '99999999999999999999999'"),
-    ("head-dim-odd", {"target.head_dim": "33"}, "target.head_dim=33: expected an even integer >= 2 (now 64), got '33'"),
-    ("window-past-positions", {"seq_len": "1024"}, "seq_len=1024: config seq_len (1024) must be <= "
-                                                   "max_position_embeddings (512)"),
-    ("heads-not-a-multiple", {"drafter.num_key_value_heads": "3"}, "config drafter.num_attention_heads (2) must be "
-                                                                   "a multiple of drafter.num_key_value_heads (3)"),
-]
-
-
-@pytest.mark.parametrize("overrides, text", [c[1:] for c in OVERRIDE_CASES], ids=[c[0] for c in OVERRIDE_CASES])
-def test_config_overrides_refuse(overrides, text) -> None:
-    from companion.tiny_pair.config import ConfigOverrideError, apply_overrides, default_config
-
-    _refused(lambda: apply_overrides(default_config(), overrides), ConfigOverrideError, text)
-    assert issubclass(ConfigOverrideError, KeyError) and issubclass(ConfigOverrideError, ValueError)
-
-
 # -------------------------------------------------------------------------------------------------
 # Round 4 (issue 34): cost models, replay and the oracle, MARS on probabilities, policy knobs
 
@@ -499,38 +460,3 @@ def test_valid_knobs_pass_both_ways_alike() -> None:
     by_spec = _policy("certificate:c=0.1,v1=1.2,dv=0.01,kmax=8,prior=1,n0=2.5,bins=4,explore=0,window=16")
     by_keyword = _policy("certificate", c=0.1, v1=1.2, dv=0.01, kmax=8, prior=1, n0=2.5, bins=4, explore=0, window=16)
     assert str(by_spec) == str(by_keyword) == "certificate:c=0.1,v1=1.2,dv=0.01,kmax=8,prior=1,n0=2.5,bins=4,explore=0,window=16"
-
-
-def test_the_pairs_vocabulary_floor_counts_its_special_tokens() -> None:
-    from companion.tiny_pair.config import MIN_VOCAB
-    from companion.tiny_pair.tokenizer import SPECIAL_TOKENS
-
-    assert MIN_VOCAB == 256 + len(SPECIAL_TOKENS)
-
-
-def test_config_overrides_in_range_are_taken() -> None:
-    from companion.tiny_pair.config import apply_overrides, default_config
-
-    cfg = apply_overrides(default_config(), {"max_files": "10", "natural_share": "0", "save_dtype": "bfloat16",
-                                             "target_stage.warmup_steps": "0", "seed": "7"})
-    assert (cfg.max_files, cfg.natural_share, cfg.save_dtype, cfg.target_stage.warmup_steps, cfg.seed) == (
-        10, 0.0, "bfloat16", 0, 7)
-    assert apply_overrides(cfg, {"max_files": "none"}).max_files is None
-
-
-@pytest.mark.parametrize("change, text", [
-    (lambda d: d.pop("target"), "config lacks target (written by another version of companion?)"),
-    (lambda d: d.update(future_knob=1), "config has fields this version does not know: future_knob (written by "
-                                        "another version of companion?)"),
-    (lambda d: d["target_stage"].update(momentum=0.9), "config target_stage has fields this version does not know: "
-                                                      "momentum"),
-    (lambda d: d.update(target=[1, 2]), "config target must be a mapping of its fields, got [1, 2]"),
-    (lambda d: d.update(num_threads=0), "config num_threads must be an integer >= 1, got 0"),
-    (lambda d: d.update(task_set="bogus"), "unknown chat task set 'bogus'; expected one of mixed, closed"),
-])
-def test_a_manifests_config_is_read_or_refused_in_one_line(change, text) -> None:
-    from companion.tiny_pair.config import TrainConfig, default_config
-
-    d = default_config().to_dict()
-    change(d)
-    _refused(lambda: TrainConfig.from_dict(d), ValueError, text)

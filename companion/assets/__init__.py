@@ -1,7 +1,7 @@
-"""Files shipped with the package. The embedded pair's folder lives here so that the loader
-(:mod:`companion.models`) and the training recipe (:mod:`companion.tiny_pair`) both name it
-without either depending on the other; the chat-request prompt set's folder
-(:mod:`companion.chat_requests`) lives beside it."""
+"""Files shipped with the package: the frozen closed-world pair (read by :mod:`companion.models`
+and checked by :mod:`companion.tiny_pair`), SmolLM2's distilled drafter, the chat requests
+(:mod:`companion.chat_requests`) and the registry of models on the package index
+(``package_weights.json``, read by :mod:`companion.weights.registry`)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -162,7 +162,7 @@ def check_default_assets(parts: Iterable[str] = ("target", "drafter", "prompts")
     if missing:
         raise FileNotFoundError(
             "the 'default' preset needs the embedded pair, which is not in this checkout "
-            f"(missing: {', '.join(missing)}). Rebuild it with `companion retrain --out {ASSET_DIR}`, "
+            f"(missing: {', '.join(missing)}). Restore it from the repository (`git checkout -- {ASSET_DIR}`), "
             "or give the models and prompts yourself: --target DIR --drafter DIR --prompts FILE.jsonl")
 
 
