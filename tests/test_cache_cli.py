@@ -203,6 +203,24 @@ def test_an_entry_whose_lock_another_process_holds_is_skipped(cache, capsys) -> 
     assert not any(cache[k].exists() for k in STALE if k not in busy)
 
 
+def test_a_folder_converted_again_after_the_listing_is_not_deleted(cache) -> None:
+    """Between the survey and the deletion another process may finish converting the damaged folder
+    (it takes the model's lock, which prune waits for): prune looks again under the lock."""
+    import io
+
+    from companion.weights.cache_cli import prune, survey
+
+    root, damaged = cache["current model"].parent, cache["damaged"]
+    entries = survey(root)
+    assert next(e for e in entries if e.path == damaged).status == "stale"
+    (damaged / "model.safetensors").write_bytes(b"x" * 1000)  # the conversion finished: current again
+    said = io.StringIO()
+    prune(root, entries, dry_run=False, out=said)
+    assert f"kept {damaged.name}: it is in use now" in said.getvalue()
+    assert convert.cache_is_current(damaged, source(QWEN_SMALL))
+    assert not cache["old version"].exists()
+
+
 def test_no_cache_yet_is_said_in_one_line(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "nothing-here"))
     assert cli.main(["cache", "--prune"]) == 0

@@ -22,7 +22,8 @@ committed drafter for the current SmolLM2 conversion. Every other model, tokeniz
 folder is **stale**, and with the leftovers is what ``--prune`` deletes, after printing each one.
 A current or unknown entry is never deleted, nor anything outside the cache root (symbolic links
 are neither followed nor deleted). Each deletion holds the locks the code that writes the entry
-takes (the model's, the folder's own, for a tokenizer those of its group's models too); an entry
+takes (the model's, the folder's own, for a tokenizer those of its group's models too) and looks
+again under them, so that a folder a conversion finished since the listing is kept; an entry
 whose lock another process holds is skipped with a line saying so.
 """
 from __future__ import annotations
@@ -105,71 +106,88 @@ def current_drafter_name(target_folder_name: str) -> str | None:
     return f"{SMOLLM2_DRAFTER_DIR.name}-{weights[:16]}-{target_folder_name}"
 
 
-def survey(root: Path) -> list[Entry]:
-    """Every entry of the cache ``root`` (lock files aside), classified; models first, then by name."""
-    from companion.weights.convert import CONVERSION_VERSION, TOKENIZER_VERSION, cache_is_current, converted_dir, \
-        read_record
+@dataclass(frozen=True)
+class InUse:
+    """What the code would use now in a cache: the registry, the current model folders (by name), the
+    tokenizer folders their records name, and the committed drafter's folder (None: no drafter)."""
+
+    known: dict
+    models: frozenset[str]
+    tokenizers: frozenset[str]
+    drafter: str | None
+
+
+def in_use(root: Path) -> InUse:
+    """:class:`InUse` of the cache ``root``, as it is now."""
+    from companion.weights.convert import cache_is_current, converted_dir, read_record
     from companion.weights.registry import sources
 
     known = sources()
-    current_models = {converted_dir(src, root).name: src for src in known.values()
-                      if cache_is_current(converted_dir(src, root), src)}
-    current_tokenizers = {str((read_record(root / n) or {}).get("tokenizer")) for n in current_models}
+    models = frozenset(converted_dir(src, root).name for src in known.values()
+                       if cache_is_current(converted_dir(src, root), src))
+    tokenizers = frozenset(str((read_record(root / n) or {}).get("tokenizer")) for n in models)
     drafter = (current_drafter_name(converted_dir(known[DRAFTER_TARGET], root).name)
                if DRAFTER_TARGET in known else None)
-    entries: list[Entry] = []
-    for path in sorted(root.iterdir()):
-        name = path.name
-        if name.startswith(".") and name.endswith(".lock") and path.is_file() and not path.is_symlink():
-            continue
-        size = disk_size(path)
-        if path.is_symlink():
-            entries.append(Entry(path, name, "unknown", size, "a symbolic link (never followed)", "unknown"))
-            continue
-        if name == "downloads" and path.is_dir():
-            entries += _downloads(path, known)
-            continue
-        leftover = _PARTIAL.match(name) or _OLD.match(name)
-        if leftover and path.is_dir():
-            of = leftover.group("of")
-            how = "an interrupted write" if leftover.re is _PARTIAL else "a replaced folder not yet removed"
-            entries.append(Entry(path, name, "leftover", size, f"{how} of {of}", "stale", "a leftover", _locks_of(of)))
-            continue
-        record = read_record(path) if path.is_dir() else None
-        if record is None:
-            entries.append(Entry(path, name, "unknown", size, "no record of what wrote it", "unknown"))
-        elif "gguf_sha256" in record and "model" in record:
-            model = str(record["model"])
-            about = (f"model {model} ({record.get('display_name', '?')}), GGUF sha256 "
-                     f"{str(record['gguf_sha256'])[:16]}..., conversion v{record.get('conversion_version', '?')}")
-            src = known.get(model)
-            why = ("" if name in current_models else
-                   f"{model} is not in the registry" if src is None else
-                   f"conversion v{record.get('conversion_version')}, this code writes v{CONVERSION_VERSION}"
-                   if record.get("conversion_version") != CONVERSION_VERSION else
-                   f"GGUF sha256 is not the registry's ({src.sha256[:16]}...)" if record["gguf_sha256"] != src.sha256
-                   else "damaged (a file it records is missing or at another size): would be converted again")
-            entries.append(Entry(path, name, "model", size, about, "stale" if why else "current", why, [model, name]))
-        elif "tokenizer_fingerprint" in record:
-            group = str(record.get("group", "?"))
-            about = (f"tokenizer of group {group}, fingerprint {str(record['tokenizer_fingerprint'])[:16]}..., "
-                     f"v{record.get('tokenizer_version', '?')}")
-            why = "" if name in current_tokenizers else (
-                f"tokenizer v{record.get('tokenizer_version')}, this code writes v{TOKENIZER_VERSION}"
-                if record.get("tokenizer_version") != TOKENIZER_VERSION else "no current model's record names it")
-            group_models = [m for m, s in known.items() if s.group == group]
-            entries.append(Entry(path, name, "tokenizer", size, about, "stale" if why else "current", why,
-                                 [name, *group_models]))
-        elif "drafter_files_sha256" in record:
-            weights = str((record.get("drafter_files_sha256") or {}).get("model.safetensors", "?"))
-            about = f"drafter, weights sha256 {weights[:16]}..., for target {record.get('target', '?')}"
-            why = "" if name == drafter else (
-                "no drafter is committed" if drafter is None else f"an old drafter build (the one in use: {drafter})")
-            entries.append(Entry(path, name, "drafter", size, about, "stale" if why else "current", why, [name]))
-        else:
-            entries.append(Entry(path, name, "unknown", size, "a record of no kind this code writes", "unknown"))
+    return InUse(known, models, tokenizers, drafter)
+
+
+def survey(root: Path) -> list[Entry]:
+    """Every entry of the cache ``root`` (lock files aside), classified; models first, then by name."""
+    use = in_use(root)
+    entries = [e for path in sorted(root.iterdir()) for e in classify(path, use)]
     order = {"model": 0, "tokenizer": 1, "drafter": 2, "leftover": 3, "download": 4, "unknown": 5}
     return sorted(entries, key=lambda e: (order[e.kind], e.name))
+
+
+def classify(path: Path, use: InUse) -> list[Entry]:
+    """The entry ``path`` of the cache root (the files of ``downloads/`` for that folder; none for a lock file)."""
+    from companion.weights.convert import CONVERSION_VERSION, TOKENIZER_VERSION, read_record
+
+    name = path.name
+    if name.startswith(".") and name.endswith(".lock") and path.is_file() and not path.is_symlink():
+        return []
+    size = disk_size(path)
+    if path.is_symlink():
+        return [Entry(path, name, "unknown", size, "a symbolic link (never followed)", "unknown")]
+    if name == "downloads" and path.is_dir():
+        return _downloads(path, use.known)
+    leftover = _PARTIAL.match(name) or _OLD.match(name)
+    if leftover and path.is_dir():
+        of = leftover.group("of")
+        how = "an interrupted write" if leftover.re is _PARTIAL else "a replaced folder not yet removed"
+        return [Entry(path, name, "leftover", size, f"{how} of {of}", "stale", "a leftover", _locks_of(of))]
+    record = read_record(path) if path.is_dir() else None
+    if record is None:
+        return [Entry(path, name, "unknown", size, "no record of what wrote it", "unknown")]
+    if "gguf_sha256" in record and "model" in record:
+        model = str(record["model"])
+        about = (f"model {model} ({record.get('display_name', '?')}), GGUF sha256 "
+                 f"{str(record['gguf_sha256'])[:16]}..., conversion v{record.get('conversion_version', '?')}")
+        src = use.known.get(model)
+        why = ("" if name in use.models else
+               f"{model} is not in the registry" if src is None else
+               f"conversion v{record.get('conversion_version')}, this code writes v{CONVERSION_VERSION}"
+               if record.get("conversion_version") != CONVERSION_VERSION else
+               f"GGUF sha256 is not the registry's ({src.sha256[:16]}...)" if record["gguf_sha256"] != src.sha256
+               else "damaged (a file it records is missing or at another size): would be converted again")
+        return [Entry(path, name, "model", size, about, "stale" if why else "current", why, [model, name])]
+    if "tokenizer_fingerprint" in record:
+        group = str(record.get("group", "?"))
+        about = (f"tokenizer of group {group}, fingerprint {str(record['tokenizer_fingerprint'])[:16]}..., "
+                 f"v{record.get('tokenizer_version', '?')}")
+        why = "" if name in use.tokenizers else (
+            f"tokenizer v{record.get('tokenizer_version')}, this code writes v{TOKENIZER_VERSION}"
+            if record.get("tokenizer_version") != TOKENIZER_VERSION else "no current model's record names it")
+        group_models = [m for m, s in use.known.items() if s.group == group]
+        return [Entry(path, name, "tokenizer", size, about, "stale" if why else "current", why, [name, *group_models])]
+    if "drafter_files_sha256" in record:
+        weights = str((record.get("drafter_files_sha256") or {}).get("model.safetensors", "?"))
+        about = f"drafter, weights sha256 {weights[:16]}..., for target {record.get('target', '?')}"
+        why = "" if name == use.drafter else (
+            "no drafter is committed" if use.drafter is None else
+            f"an old drafter build (the one in use: {use.drafter})")
+        return [Entry(path, name, "drafter", size, about, "stale" if why else "current", why, [name])]
+    return [Entry(path, name, "unknown", size, "a record of no kind this code writes", "unknown")]
 
 
 def _locks_of(folder_name: str) -> list[str]:
@@ -249,6 +267,11 @@ def prune(root: Path, entries: list[Entry], *, dry_run: bool, out: TextIO | None
                 continue
             if not e.path.exists():  # removed meanwhile (a conversion cleaning up its own leftovers)
                 continue
+            if e.kind in ("model", "tokenizer", "drafter"):  # a conversion may have finished since the survey
+                now = classify(e.path, in_use(root))
+                if not now or now[0].status != "stale":
+                    print(f"kept {e.name}: it is in use now", file=out)
+                    continue
             print(f"deleting {e.name} ({human_size(e.size)}): {e.why}", file=out, flush=True)
             if e.path.is_dir():
                 shutil.rmtree(e.path)
