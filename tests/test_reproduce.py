@@ -59,7 +59,7 @@ def test_select_rejects_unknown_and_ambiguous() -> None:
 
 def test_shipped_profiles_load() -> None:
     cpu, gpu = load_profile(ROOT, "cpu"), load_profile(ROOT, "gpu")
-    # The cpu profile leaves each chapter on its own default preset (chapter 7: SmolLM2).
+    # The cpu profile leaves each chapter on its own default preset (chapter 7: the Qwen2.5-Coder pair).
     assert cpu.parameters["device"] == "cpu" and "preset" not in cpu.parameters
     assert gpu.parameters["device"] == "cuda" and gpu.parameters["preset"].startswith("paper-qwen3")
     assert gpu.parameters["n_prompts"] == 500 and gpu.parameters["n_steps"] == 128
@@ -67,14 +67,14 @@ def test_shipped_profiles_load() -> None:
 
 def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     cpu, full = load_profile(ROOT, "cpu"), load_profile(ROOT, "full")
-    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 96, "n_live_prompts": 4}
+    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 32, "n_live_prompts": 2}
     assert full.notebooks == {"07_paper_evaluation": {"n_prompts": 500}}
     assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 96
-    # the default build trims chapter 10 to 32 answers: the notebook's own default
+    # the default build trims chapter 10 to 16 answers: the notebook's own default
     from companion.book.parameters import notebook_parameters
 
     declared = notebook_parameters(ROOT / "notebooks" / "10_decode_time.ipynb")
-    assert declared["n_eval_prompts"].value == 32
+    assert declared["n_eval_prompts"].value == 16
 
 
 def test_ci_profile_is_the_cpu_profile_at_smaller_sizes_with_one_shared_harvest() -> None:

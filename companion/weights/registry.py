@@ -17,7 +17,7 @@ from pathlib import Path
 
 from companion.weights.errors import WeightsUnavailableError
 
-#: The data file, shipped with the package.
+# The data file, shipped with the package (a plain comment: the API page would print this machine's path).
 REGISTRY_FILE: Path = Path(__file__).resolve().parents[1] / "assets" / "package_weights.json"
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -120,7 +120,7 @@ def parse_sources(data: object, where: str = "the registry") -> dict[str, GgufSo
 
 @functools.cache
 def sources() -> dict[str, GgufSource]:
-    """Every model of :data:`REGISTRY_FILE`, by name."""
+    """Every model of ``REGISTRY_FILE`` (``companion/assets/package_weights.json``), by name."""
     try:
         data = json.loads(REGISTRY_FILE.read_text())
     except (OSError, ValueError) as err:
