@@ -354,10 +354,10 @@ def bellman(lam: float, laws: Sequence[Law], c: float, verify_cost: Callable[[in
     caller evaluates many rates for the same laws.
     """
     ops = _ops if _ops is not None else [_expectation(laws[0]), _expectation(laws[1])]
-    return _bellman(lam, ops, _steps(c, verify_cost, kmax))
+    return _bellman(lam, ops, _step_costs(c, verify_cost, kmax))
 
 
-def _steps(c: float, verify_cost: Callable[[int], float], kmax: int) -> list[float]:
+def _step_costs(c: float, verify_cost: Callable[[int], float], kmax: int) -> list[float]:
     """``c + V(i+1) - V(i)`` for ``i = 0 .. kmax - 1``: the cost of one more drafter call after ``i``."""
     return [c + verify_cost(i + 1) - verify_cost(i) for i in range(kmax)]
 
@@ -374,7 +374,7 @@ def _bellman(lam: float, ops: Sequence[tuple[np.ndarray, np.ndarray]], steps: Se
         if i == kmax - 1:
             w = a + 0.0
         else:
-            w = np.dot(m, w_next)
+            w = m @ w_next
             w += a
         w -= lam * steps[i]
         np.maximum(w, 0.0, out=w)
@@ -393,7 +393,7 @@ def optimal_rate(laws: Sequence[Law], c: float, verify_cost: Callable[[int], flo
     (e.g. the previous root) narrows the first bracket to ``guess +- 0.05`` when it holds the root.
     """
     ops = [_expectation(laws[0]), _expectation(laws[1])]
-    steps = _steps(c, verify_cost, kmax)
+    steps = _step_costs(c, verify_cost, kmax)
     seen: dict[float, list[np.ndarray]] = {}   # the tables at every rate tried (the answer is one of them)
 
     def tables(lam: float) -> list[np.ndarray]:
