@@ -27,28 +27,42 @@ def test_the_band_is_two_ulps_and_holds_exact_ties() -> None:
     assert near_ties(z1, gap, "bfloat16").tolist() == [True, True, True, False]
 
 
+EOS = -7
+
+
 def _rounds_by_simulation(tokens, drafts, k, n):
-    """A decoder simulated draft by draft: it drafts from the text while its drafts agree."""
-    out, s = [], 0
-    while s < n:
+    """A decoder simulated token by token: it drafts from the text while its drafts agree, never past
+    ``n`` tokens, and stops when the end token is emitted (accepted as a draft or as a round's own)."""
+    out, emitted = [], []
+    while len(emitted) < n and (not emitted or emitted[-1] != EOS):
+        s = len(emitted)
         accepted = 0
         for j in range(max(0, min(k, n - s - 1))):
             if drafts[s + j] != tokens[s + j]:
                 break
             accepted += 1
+            emitted.append(tokens[s + j])
+            if tokens[s + j] == EOS:
+                break
         out.append(accepted)
-        s += accepted + 1
+        if emitted and emitted[-1] == EOS:
+            break
+        emitted.append(tokens[s + accepted])
     return out
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 6))
-def test_rounds_from_harvest_match_a_draft_by_draft_simulation(agree, k) -> None:
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 6), st.integers(0, 8), st.booleans())
+def test_rounds_from_harvest_match_a_token_by_token_simulation(agree, k, extra, ends) -> None:
+    """With or without an end token, and with max_new_tokens at or past the harvested answer's length."""
     tokens = list(range(len(agree)))
-    drafts = [t if a else -1 for t, a in zip(tokens, agree)]
-    got = rounds_from_harvest(tokens, drafts, k)
-    assert got == _rounds_by_simulation(tokens, drafts, k, len(tokens))
-    assert sum(got) + len(got) == len(tokens), "every token is an accepted draft or a round's own token"
+    if ends:
+        tokens[-1] = EOS  # the harvest keeps the end token and stops there
+    drafts = [t if a else -2 for t, a in zip(tokens, agree)]
+    n = len(tokens) + (extra if ends else 0)
+    got = rounds_from_harvest(tokens, drafts, k, n)
+    assert got == _rounds_by_simulation(tokens + [0] * extra, drafts + [0] * extra, k, n)
+    assert sum(got) + len(got) >= len(tokens), "every token is an accepted draft or a round's own token"
 
 
 def test_first_divergence_finds_tokens_and_rounds() -> None:

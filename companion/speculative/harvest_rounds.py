@@ -25,16 +25,22 @@ from companion.harvest.ties import near_ties
 
 
 def rounds_from_harvest(tokens: Sequence[int], drafts: Sequence[int], k: int, n: int | None = None) -> list[int]:
-    """Accepted drafts per round of a lossless constant-``k`` decoder along the harvested text (module docstring)."""
+    """Accepted drafts per round of a lossless constant-``k`` decoder along the harvested text (module docstring).
+
+    ``n``: the decoder's ``max_new_tokens`` (default: the text's length). The draft budget is
+    ``min(k, n - s - 1)`` whatever the text's length: an answer that ends (at its end token)
+    before ``n`` ends inside a round, its end token accepted as a draft like any other.
+    """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    n = len(tokens) if n is None else min(n, len(tokens))
-    agree = [int(d) == int(g) for g, d in zip(tokens[:n], drafts[:n])]
+    n = len(tokens) if n is None else n
+    m = min(n, len(tokens))
+    agree = [int(d) == int(g) for g, d in zip(tokens[:m], drafts[:m])]
     out, s = [], 0
-    while s < n:
+    while s < m:
         budget = max(0, min(k, n - s - 1))
         run = 0
-        while run < budget and agree[s + run]:
+        while run < budget and s + run < m and agree[s + run]:
             run += 1
         out.append(run)
         s += run + 1
@@ -104,7 +110,7 @@ def compare_runs(harvest_rows: Sequence[dict], runs: Sequence[tuple[Sequence[int
         ties = (near_ties(rows["logit_top1"][:m], rows["logit_gap"][:m], dtype)
                 | near_ties(rows["draft_logit_top1"][:m], rows["draft_logit_gap"][:m], dtype))
         tie_steps += int(ties.sum())
-        expected = rounds_from_harvest(rows["token"], rows["draft_token"], k, m)
+        expected = rounds_from_harvest(rows["token"][:m], rows["draft_token"][:m], k, n)
         n_tokens += len(tokens)
         n_rounds += len(accepted)
         pos = first_divergence(rows["token"][:m], expected, tokens, accepted)
