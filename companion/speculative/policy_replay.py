@@ -23,7 +23,7 @@ def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -
     fresh one. The result has no timings (``nan``) and no per-round seconds.
 
     ``fast``: transformers' built-ins (``constant``, ``confidence``, ``heuristic``) are replayed by
-    :func:`~companion.speculative.replay_fast.replay_builtin` from per-position arrays, with the
+    ``companion.speculative.replay_fast.replay_builtin`` from per-position arrays, with the
     same result and the same policy state; ``False`` drives every policy call by call (the reference).
     """
     _check_chains(chains)

@@ -27,7 +27,7 @@ from companion.speculative.policies import Confidence, Constant, DraftStep, Heur
 
 if TYPE_CHECKING:
     from companion.speculative.costs import CostModel
-    from companion.speculative.replay import RecordedChains
+    from companion.speculative.recording import RecordedChains
 
 _NEVER = 1 << 62
 """A stop index past any chain: the event does not happen in the recorded drafts."""

@@ -6,7 +6,7 @@ a pure function of ``(seed, index, stream)`` through :class:`random.Random`. The
 was trained on the "train" stream and its ``prompts.jsonl`` holds user turns of the "prompts"
 stream (``line`` is the index), so its prompts can be regenerated and its answers checked
 (:mod:`companion.tiny_pair.tasks_report`). The earlier "mixed" set (copying, open-ended requests
-on standard-library code) was retired with the training recipe; see :mod:`companion.tiny_pair`.
+on standard-library code) was retired with the training recipe; see ``companion.tiny_pair``'s docstring.
 
 The chat format follows Qwen3's template with thinking disabled::
 
