@@ -860,6 +860,12 @@ def test_weight_hashes_are_remembered_by_name_size_and_mtime(tmp_path, monkeypat
 
     w = tmp_path / "model.safetensors"
     w.write_bytes(b"a" * 1000)
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"c")
+    store._weights_sha256(other, [other / "model.safetensors"])
+    assert not (other / store._SHA_MEMO).exists(), "a folder the cache did not write keeps no memo"
+    (tmp_path / "companion-conversion.json").write_text("{}")
     calls: list[Path] = []
     real = store.file_sha256
     monkeypatch.setattr(store, "file_sha256", lambda f: calls.append(f) or real(f))

@@ -84,8 +84,9 @@ def _weights_sha256(folder: Path, files: list[Path]) -> dict[str, str]:
     """sha256 of each weight file, remembered beside them by name, size and modification time.
 
     Hashing the 1.5B model's 3.5 GB took 3.3 s of every harvest; a file whose size and
-    modification time are those remembered is not read again (a folder this process cannot
-    write is simply hashed each time).
+    modification time are those remembered is not read again. Only the cache's own folders (those
+    with a ``companion-conversion.json`` record) keep a memo; any other folder, a checkout's
+    assets among them, and one this process cannot write, is hashed each time.
     """
     memo_path = folder / _SHA_MEMO
     try:
@@ -101,7 +102,7 @@ def _weights_sha256(folder: Path, files: list[Path]) -> dict[str, str]:
             memo[key] = file_sha256(f)
             changed = True
         out[f.name] = memo[key]
-    if changed:
+    if changed and (folder / "companion-conversion.json").is_file():
         try:
             from companion.atomic import write_text
 
