@@ -264,6 +264,32 @@ def build_prompt_set(tokenizer: Any, requests: Sequence[ChatRequest]) -> list[Pr
     return prompts
 
 
+def retemplated(prompts: Sequence[Prompt], tokenizer: Any) -> list[Prompt]:
+    """``prompts`` in the chat template of ``tokenizer``: the model that answers sees its own template.
+
+    The committed prompt file is templated with SmolLM2's tokenizer (its template adds SmolLM2's
+    default system turn, naming SmolLM). A chat-request prompt (``source`` starting with
+    :data:`SOURCE_PREFIX`) is rebuilt from its request's text with :func:`templated`, keeping its
+    id, source and position; other prompts are returned as they are. With the tokenizer the file
+    was made with, every prompt comes back unchanged.
+    """
+    by_id = None
+    out: list[Prompt] = []
+    for p in prompts:
+        if not p.source.startswith(f"{SOURCE_PREFIX}:"):
+            out.append(p)
+            continue
+        if by_id is None:
+            by_id = {r.request_id: r for r in chat_requests()}
+        request = by_id.get(p.prompt_id)
+        if request is None:
+            raise ValueError(f"prompt {p.prompt_id} names no request of {REQUESTS_FILE.name}")
+        text = templated(tokenizer, request.text)
+        out.append(Prompt(p.prompt_id, text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), p.source,
+                          p.line))
+    return out
+
+
 def asset_order(requests: Sequence[ChatRequest], seed: int = 0) -> list[ChatRequest]:
     """The committed file's order: every held-out request in :func:`default_subset` order, then the
     training split in the set's order. So the first ``n`` prompts of the file are the default

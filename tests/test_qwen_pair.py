@@ -125,7 +125,9 @@ def test_the_harvest_is_generate_and_assisted_generation_follows_its_rounds(pair
     from companion.speculative.hf import hf_assisted_generate
 
     target, drafter, tok = pair
-    prompts = [p.text for p in load_prompts("chat-requests")[:2]]
+    from companion.chat_requests import retemplated
+
+    prompts = [p.text for p in retemplated(load_prompts("chat-requests")[:2], tok)]
     n = 12
     harvest(target, drafter, tok, prompts, tmp_path / "h", n_steps=n, batch_size=1, progress=False, order="given")
     table = load_traces(tmp_path / "h")
@@ -140,3 +142,21 @@ def test_the_harvest_is_generate_and_assisted_generation_follows_its_rounds(pair
         runs.append((r.tokens.tolist(), r.accepted))
     res = compare_runs(rows, runs, k=4, n=n, dtype="bfloat16")
     assert res.unexplained == 0, res.details
+
+
+def test_the_chat_requests_reach_qwen_in_its_own_template() -> None:
+    """The committed prompt file holds SmolLM2's template; the harvest plan rebuilds each request in the
+    answering model's template (Qwen's system turn), keeping ids and order; SmolLM2's comes back unchanged."""
+    from companion.chat_requests import retemplated
+    from companion.harvest.plan import plan_harvest
+    from companion.prompts import load_prompts
+
+    prompts = load_prompts("chat-requests")[:6]
+    qwen = load_tokenizer(_converted(TARGET))
+    ours = retemplated(prompts, qwen)
+    assert [p.prompt_id for p in ours] == [p.prompt_id for p in prompts]
+    assert all(p.text.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.") for p in ours)
+    assert all("SmolLM" not in p.text and p.n_tokens >= 64 for p in ours)
+    smol = load_tokenizer(ensure_converted("smollm2-135m-instruct", progress=False))
+    assert retemplated(prompts, smol) == prompts
+    assert plan_harvest("qwen2.5-coder", n_prompts=6).prompts == prompts, "the plan names them; loading templates them"

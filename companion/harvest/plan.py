@@ -181,6 +181,11 @@ def load_planned(plan: HarvestPlan, *, device: Any = None, dtype: Any = None) ->
     own = plan.drafter is not None and plan.drafter == plan.target
     target, drafter, tokenizer = load_pair(plan.target, None if own else (plan.drafter or False), plan.tokenizer,
                                            device=device, dtype=dtype)
+    if getattr(tokenizer, "chat_template", None):
+        # the chat requests in the answering model's own template (the file holds SmolLM2's)
+        from companion.chat_requests import retemplated
+
+        prompts = retemplated(prompts, tokenizer)
     return target, drafter, tokenizer, prompts
 
 
