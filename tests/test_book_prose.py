@@ -145,3 +145,17 @@ def test_percent_drops_the_sign_of_a_value_that_rounds_to_zero():
     assert prose.percent(-0.001) == "0%" and prose.percent(0.001) == "0%"
     assert prose.percent(-0.006) == "-1%" and prose.percent(-0.10) == "-10%" and prose.percent(0.1234, 1) == "12.3%"
     assert prose.percent(-0.0004, 1) == "0.0%" and prose.percent(-0.0006, 1) == "-0.1%"
+
+
+def test_two_comparisons_with_the_same_numbers_are_said_once() -> None:
+    """On the Qwen pair's CI run both calibrated rules came out 'below 1 by 0.7% but its interval contains 1':
+    the sentence names both once instead of repeating the clause."""
+    from companion.book.prose import comparisons_phrase
+    from companion.speculative.compare import RatioEstimate
+
+    a, b = RatioEstimate(0.9931, 0.97, 1.01), RatioEstimate(0.9934, 0.975, 1.02)
+    text = comparisons_phrase([(a, "the rule driven by q(1) alone"), (b, "the rule driven by the plain margin")])
+    assert text.count("below 1 by 0.7%") == 1 and "q(1) alone and the rule driven by the plain margin" in text
+    c = RatioEstimate(0.95, 0.93, 0.97)
+    text = comparisons_phrase([(a, "A"), (c, "B")])
+    assert "not resolved from A" in text and "cheaper than B" in text

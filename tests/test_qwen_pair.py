@@ -101,9 +101,11 @@ def test_the_conversion_equals_transformers_gguf_load_cast_to_bfloat16(tmp_path)
 
     folder = _converted(DRAFTER)
     gguf = fetch_gguf(source(DRAFTER), tmp_path, progress=False)
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # transformers' own GGUF load in bfloat16 (dequantised to float32, then cast as it loads). Not
+    # `.to(torch.bfloat16)` after a float32 load: that also casts the rotary inverse frequencies,
+    # which transformers keeps in float32, and so changes the logits of every position past the first.
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16).eval()
     gguf.unlink()
-    reference = reference.to(torch.bfloat16).eval()
     ours = load_file(folder / "model.safetensors")
     theirs = reference.state_dict()
     assert set(ours) == set(theirs)

@@ -81,7 +81,15 @@ def comparisons_phrase(comparisons: Sequence[tuple[Ratio, str]]) -> str:
         who = "the two" if len(same) == 1 else "all of them"
         parts.append(f"exactly as dear as {_join(same)} on these prompts: the ratio is 1 in every resample, "
                      f"so {who} cost the same on every prompt")
-    parts += [ratio_phrase(est, other) for est, other in comparisons if outcome(est) != SAME]
+    # comparisons whose sentences differ only in the name compared with are said once, naming both
+    marker = "\x00"
+    grouped: dict[str, list[str]] = {}
+    for est, other in comparisons:
+        if outcome(est) != SAME:
+            grouped.setdefault(ratio_phrase(est, marker), []).append(other)
+    parts += [template.replace(marker, others[0]) if len(others) == 1 else
+              template.replace(marker, _join(others)) + " (the same numbers for each)"
+              for template, others in grouped.items()]
     if len(parts) == 2 and ":" in parts[0]:
         # "... so the two cost the same on every prompt and not resolved from ..." read as one clause
         return parts[0] + "; and it is " + parts[1]
