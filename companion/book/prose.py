@@ -71,6 +71,26 @@ def ratio_phrase(est: Ratio, other: str) -> str:
     return f"not resolved from {other} on these prompts: the ratio is {side} 1 by {pct:.1%} but its interval contains 1"
 
 
+def _size(est: Ratio) -> str:
+    """How far the ratio is from 1, as :func:`ratio_phrase` writes it."""
+    pct = abs(est.point - 1.0)
+    return f"{pct:.1%}" if pct < 0.095 else f"{pct:.0%}"
+
+
+def _merged_phrase(kind: str, items: Sequence[tuple[Ratio, str]]) -> str:
+    """Several comparisons of one outcome (not ``same``) in one clause, numbers in the order named."""
+    names = _join([other for _, other in items])
+    sizes = _join([_size(est) for est, _ in items])
+    if kind == CHEAPER:
+        return f"about {sizes} cheaper than {names} respectively, with each whole interval below 1"
+    if kind == DEARER:
+        return f"about {sizes} dearer than {names} respectively, with each whole interval above 1"
+    where = _join(["exactly 1" if est.point == 1.0 else
+                   f"{est.point:.4f}" if abs(est.point - 1.0) < 0.0005 else
+                   f"{'below' if est.point < 1 else 'above'} 1 by {abs(est.point - 1.0):.1%}" for est, _ in items])
+    return f"not resolved from {names} on these prompts: the ratios are {where} respectively, and each interval contains 1"
+
+
 def comparisons_phrase(comparisons: Sequence[tuple[Ratio, str]]) -> str:
     """Several comparisons, to follow "the certificate policy is": those with the same outcome
     ``same`` are said together, once ("exactly as dear as A and B ... so they cost the same on
@@ -81,15 +101,14 @@ def comparisons_phrase(comparisons: Sequence[tuple[Ratio, str]]) -> str:
         who = "the two" if len(same) == 1 else "all of them"
         parts.append(f"exactly as dear as {_join(same)} on these prompts: the ratio is 1 in every resample, "
                      f"so {who} cost the same on every prompt")
-    # comparisons whose sentences differ only in the name compared with are said once, naming both
-    marker = "\x00"
-    grouped: dict[str, list[str]] = {}
+    # comparisons of one outcome are said in one clause, each with its own number, so that no
+    # clause is repeated ("the ratio is below 1 by 2.8% ...; and ... below 1 by 2.6% ...")
+    by_kind: dict[str, list[tuple[Ratio, str]]] = {}
     for est, other in comparisons:
         if outcome(est) != SAME:
-            grouped.setdefault(ratio_phrase(est, marker), []).append(other)
-    parts += [template.replace(marker, others[0]) if len(others) == 1 else
-              template.replace(marker, _join(others)) + " (the same numbers for each)"
-              for template, others in grouped.items()]
+            by_kind.setdefault(outcome(est), []).append((est, other))
+    for kind, items in by_kind.items():
+        parts.append(ratio_phrase(*items[0]) if len(items) == 1 else _merged_phrase(kind, items))
     if len(parts) == 2 and ":" in parts[0]:
         # "... so the two cost the same on every prompt and not resolved from ..." read as one clause
         return parts[0] + "; and it is " + parts[1]
