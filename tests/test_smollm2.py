@@ -159,3 +159,28 @@ def test_a_drafter_asset_with_its_own_embedding_is_refused(monkeypatch, tmp_path
         drafter_dir(fake, ensure_converted("smollm2-135m-instruct", progress=False), "1" * 64, root=tmp_path / "cache")
     left = [f.name for f in (tmp_path / "cache").iterdir() if "drafter" in f.name and not f.name.endswith(".lock")]
     assert left == [], f"nothing half-assembled is left in the cache, found {left}"
+
+
+def test_in_float32_assisted_generation_follows_the_harvests_rounds_exactly(tmp_path) -> None:
+    """In float32 every kernel path rounds alike to the bits that decide a token: transformers' assisted
+    generation (constant k = 4) makes exactly the rounds the harvest predicts (companion.speculative.harvest_rounds),
+    which chapter 8 asserts in float32 and checks up to near ties in bfloat16."""
+    from companion.harvest import load_traces
+    from companion.harvest.core import harvest
+    from companion.prompts import load_prompts
+    from companion.speculative.harvest_rounds import compare_runs, harvest_rows_by_prompt
+    from companion.speculative.hf import hf_assisted_generate
+
+    target, drafter, tok = load_pair("smollm2", device="cpu", dtype="float32")
+    prompts = [p.text for p in load_prompts("chat-requests")[:3]]
+    n = 24
+    harvest(target, drafter, tok, prompts, tmp_path / "h", n_steps=n, batch_size=3, progress=False, order="given")
+    rows = harvest_rows_by_prompt(load_traces(tmp_path / "h"), range(len(prompts)))
+    runs = []
+    for text in prompts:
+        ids = tok(text, add_special_tokens=False).input_ids
+        r = hf_assisted_generate(target, drafter, ids, policy="constant:4", max_new_tokens=n)
+        runs.append((r.tokens.tolist(), r.accepted))
+    res = compare_runs(rows, runs, k=4, n=n, dtype="float32")
+    assert res.identical == res.prompts == 3, res.details
+    assert res.rounds > len(prompts), "several rounds a prompt, so the rounds are compared, not only the tokens"
