@@ -267,24 +267,30 @@ def build_prompt_set(tokenizer: Any, requests: Sequence[ChatRequest]) -> list[Pr
 def retemplated(prompts: Sequence[Prompt], tokenizer: Any) -> list[Prompt]:
     """``prompts`` in the chat template of ``tokenizer``: the model that answers sees its own template.
 
-    The committed prompt file is templated with SmolLM2's tokenizer (its template adds SmolLM2's
-    default system turn, naming SmolLM). A chat-request prompt (``source`` starting with
-    :data:`SOURCE_PREFIX`) is rebuilt from its request's text with :func:`templated`, keeping its
-    id, source and position; other prompts are returned as they are. With the tokenizer the file
-    was made with, every prompt comes back unchanged.
+    The committed prompt files of the request families (these chat requests and
+    :mod:`companion.stdlib_requests`) are templated with SmolLM2's tokenizer (its template adds
+    SmolLM2's default system turn, naming SmolLM). A prompt of either family (``source`` starting
+    with its prefix) is rebuilt from its request's text with :func:`templated`, keeping its id,
+    source and position; other prompts are returned as they are. With the tokenizer the files
+    were made with, every prompt comes back unchanged.
     """
-    by_id = None
+    from companion import stdlib_requests
+
+    families = {SOURCE_PREFIX: lambda: {r.request_id: r.text for r in chat_requests()},
+                stdlib_requests.SOURCE_PREFIX: lambda: {r.request_id: r.text for r in stdlib_requests.stdlib_requests()}}
+    texts: dict[str, dict[str, str]] = {}
     out: list[Prompt] = []
     for p in prompts:
-        if not p.source.startswith(f"{SOURCE_PREFIX}:"):
+        family = p.source.split(":", 1)[0] if ":" in p.source else None
+        if family not in families:
             out.append(p)
             continue
-        if by_id is None:
-            by_id = {r.request_id: r for r in chat_requests()}
-        request = by_id.get(p.prompt_id)
+        if family not in texts:
+            texts[family] = families[family]()
+        request = texts[family].get(p.prompt_id)
         if request is None:
-            raise ValueError(f"prompt {p.prompt_id} names no request of {REQUESTS_FILE.name}")
-        text = templated(tokenizer, request.text)
+            raise ValueError(f"prompt {p.prompt_id} names no request of the {family} family")
+        text = templated(tokenizer, request)
         out.append(Prompt(p.prompt_id, text, len(tokenizer(text, add_special_tokens=False)["input_ids"]), p.source,
                           p.line))
     return out

@@ -3,7 +3,10 @@
 Named sets: ``chat-requests`` (:mod:`companion.chat_requests`, SmolLM2's template; its held-out
 requests first, in the seeded order whose first ``n`` are the default build's sample, then its
 training split), ``chat-requests-train`` (the training split alone, which the drafter is built
-from), and ``default`` (the closed-world pair's held-out prompts).
+from), ``stdlib-requests`` (:mod:`companion.stdlib_requests`: coding requests quoting the Python
+standard library's documentation, in their seeded order), ``chat-and-stdlib`` (the two families
+taken in turn: a chat request, a standard-library request, and so on, so that its first ``2n``
+prompts are the first ``n`` of each) and ``default`` (the closed-world pair's held-out prompts).
 
 A prompt file is either
 
@@ -27,13 +30,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from companion.assets import CHAT_REQUESTS_DIR, DEFAULT_PAIR_DIR
+from companion.assets import CHAT_REQUESTS_DIR, DEFAULT_PAIR_DIR, STDLIB_REQUESTS_DIR
 
 PRESET_PROMPT_FILES: dict[str, Path] = {
     "default": DEFAULT_PAIR_DIR / "prompts.jsonl",
     "chat-requests": CHAT_REQUESTS_DIR / "prompts.jsonl",
     "chat-requests-train": CHAT_REQUESTS_DIR / "prompts.jsonl",
+    "stdlib-requests": STDLIB_REQUESTS_DIR / "prompts.jsonl",
 }
+#: Named sets that take named sets in turn, one prompt of each at a time (until one runs out).
+PRESET_PROMPT_MIXES: dict[str, tuple[str, ...]] = {"chat-and-stdlib": ("chat-requests", "stdlib-requests")}
 #: Named sets that keep only some records of their file: name -> the ``source`` suffix kept.
 PRESET_PROMPT_FILTERS: dict[str, str] = {"chat-requests-train": ":train"}
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -66,7 +72,7 @@ def prompt_file(name_or_path: str | Path) -> Path:
     key = str(name_or_path)
     path = PRESET_PROMPT_FILES.get(key, Path(name_or_path))
     if not path.is_file():
-        known = ", ".join(sorted(PRESET_PROMPT_FILES))
+        known = ", ".join(sorted(PRESET_PROMPT_FILES | PRESET_PROMPT_MIXES))
         what = "a folder" if path.is_dir() else "not an existing file"
         raise FileNotFoundError(f"no prompt set {key!r}: not a preset ({known}) and {what}")
     return path
@@ -114,6 +120,10 @@ def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
     ``FileNotFoundError`` for a missing file and ``ValueError`` naming ``file:line`` for a line
     that is not UTF-8, not JSON, not a prompt record, or repeats an earlier ``prompt_id``.
     """
+    mix = PRESET_PROMPT_MIXES.get(str(name_or_path))
+    if mix is not None:
+        families = [load_prompts(name) for name in mix]
+        return [p for group in zip(*families) for p in group]
     path = prompt_file(name_or_path)
     prompts: list[Prompt] = []
     jsonl = path.suffix.lower() in JSONL_SUFFIXES

@@ -136,7 +136,7 @@ def test_malformed_files_are_named_by_line(tmp_path: Path, name: str, content: b
 
 
 def test_missing_file_and_folder(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not a preset \\(chat-requests, chat-requests-train, default\\) and not an existing file"):
+    with pytest.raises(FileNotFoundError, match="not a preset \\(chat-and-stdlib, chat-requests, chat-requests-train, default, stdlib-requests\\) and not an existing file"):
         load_prompts(tmp_path / "nope.jsonl")
     with pytest.raises(FileNotFoundError, match="and a folder"):
         load_prompts(tmp_path)

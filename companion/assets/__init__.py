@@ -15,3 +15,7 @@ SMOLLM2_DRAFTER_DIR: Path = Path(__file__).resolve().parent / "smollm2_drafter"
 
 #: Folder of the chat-request prompt set written for this project (:mod:`companion.chat_requests`): ``prompts.jsonl``.
 CHAT_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "chat_requests"
+
+#: Folder of the coding requests quoting the standard library's documentation (:mod:`companion.stdlib_requests`):
+#: ``requests.json`` (the family, frozen) and ``prompts.jsonl`` (in SmolLM2's template).
+STDLIB_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "stdlib_requests"

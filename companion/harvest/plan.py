@@ -147,10 +147,10 @@ def _plan_prompts(spec: pr.Preset, prompts: str | os.PathLike[str] | None, n_pro
     try:
         loaded = load_prompts(source)
     except FileNotFoundError:
-        from companion.prompts import PRESET_PROMPT_FILES
+        from companion.prompts import PRESET_PROMPT_FILES, PRESET_PROMPT_MIXES
 
         raise PlanError(f"--prompts {source}: no such file (nor a prompt set name: "
-                        f"{', '.join(sorted(PRESET_PROMPT_FILES))})") from None
+                        f"{', '.join(sorted(PRESET_PROMPT_FILES | PRESET_PROMPT_MIXES))})") from None
     except (ValueError, OSError) as err:
         raise PlanError(_one_line(err)) from None
     name = str(source)

@@ -102,19 +102,19 @@ PRESETS: dict[str, Preset] = {
         name="qwen2.5-coder",
         description="Qwen2.5-Coder-1.5B-Instruct with Qwen2.5-Coder-0.5B-Instruct as its drafter (Q4_K_M GGUF from "
                     "the package index, in bfloat16), on the project's chat requests (held-out split; runs on a CPU)",
-        target="qwen2.5-coder", drafter="qwen2.5-coder", prompts="chat-requests", min_prompt_tokens=64,
+        target="qwen2.5-coder", drafter="qwen2.5-coder", prompts="chat-and-stdlib", min_prompt_tokens=64,
     ),
     "qwen2.5-coder-0.5b": Preset(
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct as a target on its own (Q4_K_M GGUF from the package index, in "
                     "bfloat16), on the project's chat requests (held-out split; runs on a CPU)",
-        target="qwen2.5-coder-0.5b", drafter=None, prompts="chat-requests", min_prompt_tokens=64,
+        target="qwen2.5-coder-0.5b", drafter=None, prompts="chat-and-stdlib", min_prompt_tokens=64,
     ),
     "smollm2": Preset(
         name="smollm2",
         description="SmolLM2-135M-Instruct, a real instruct LLM from the package index, on the project's chat "
                     "requests (held-out split; runs on a CPU)",
-        target="smollm2", drafter="smollm2", prompts="chat-requests", min_prompt_tokens=64,
+        target="smollm2", drafter="smollm2", prompts="chat-and-stdlib", min_prompt_tokens=64,
     ),
     "closed-world": Preset(
         name="closed-world",
