@@ -19,3 +19,6 @@ CHAT_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "chat_requests"
 #: Folder of the coding requests quoting the standard library's documentation (:mod:`companion.stdlib_requests`):
 #: ``requests.json`` (the family, frozen) and ``prompts.jsonl`` (in SmolLM2's template).
 STDLIB_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "stdlib_requests"
+
+#: Folder of the full profile's committed per-step summary and manifest (:mod:`companion.harvest.full_profile`).
+FULL_PROFILE_DIR: Path = Path(__file__).resolve().parent / "full_profile"
