@@ -154,3 +154,15 @@ def load_prompts(name_or_path: str | Path = "default") -> list[Prompt]:
 def with_token_counts(prompts: list[Prompt], count: Callable[[str], int]) -> list[Prompt]:
     """``prompts`` with every unknown ``n_tokens`` (-1) set to ``count(text)``; known counts are kept."""
     return [replace(p, n_tokens=count(p.text)) if p.n_tokens < 0 else p for p in prompts]
+
+
+def request_kind(prompt: Prompt) -> str | None:
+    """The kind of request a prompt of the project's families is: a chat request's kind (``code``,
+    ``advice``...), ``stdlib-<task>`` for a standard-library request (``stdlib-example``...); None
+    for a prompt of any other source."""
+    parts = prompt.source.split(":")
+    if parts[0] == "chat-requests" and len(parts) >= 2:
+        return parts[1]
+    if parts[0] == "stdlib-requests" and len(parts) >= 3:
+        return f"stdlib-{parts[2]}"
+    return None

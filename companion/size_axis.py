@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from companion.analysis import Traces, quantile
 from companion.harvest.schema import column
@@ -149,6 +150,26 @@ def bootstrap_statistic(traces: Traces, col: str, stat: str, *, n_boot: int = 10
     # order statistics, not interpolation: a statistic can be +inf (a criterion that rejects nothing)
     low, high = np.quantile(kept, [0.025, 0.975], method="inverted_cdf") if kept.size else (math.nan, math.nan)
     return Estimate(value, float(low), float(high))
+
+
+#: A prompt's family, from its id's first word: the project's chat requests or the standard-library requests.
+FAMILY_NAMES: dict[str, str] = {"chat": "chat requests", "stdlib": "standard-library requests"}
+
+
+def family_of(prompt_id: str) -> str:
+    """``"chat"`` for ``chat-NNNN-<kind>``, ``"stdlib"`` for ``stdlib-NNNN-<task>``, else ``"other"``."""
+    head = str(prompt_id).split("-", 1)[0]
+    return head if head in FAMILY_NAMES else "other"
+
+
+def by_family(traces: Traces) -> dict[str, Traces]:
+    """The run's steps split by prompt family (:func:`family_of`), each family's answers whole and in order."""
+    ids = np.asarray(traces.table.column("prompt_id").to_pylist())
+    families = np.array([family_of(i) for i in ids])
+    out = {}
+    for fam in dict.fromkeys(families.tolist()):
+        out[fam] = Traces(traces.table.filter(pa.array(families == fam)), traces.manifest)
+    return out
 
 
 def non_embedding_parameters(model_dir: str | Path, parameters: int) -> int:

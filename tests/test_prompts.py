@@ -170,3 +170,13 @@ def test_text_file_round_trips(tmp_path_factory, lines: list[str]) -> None:
         return
     got = load_prompts(f)
     assert [(p.line, p.text, p.prompt_id) for p in got] == [(n, t, f"line-{n:05d}") for n, t in kept]
+
+
+def test_request_kind_names_both_families_and_nothing_else() -> None:
+    from companion.prompts import Prompt, request_kind
+
+    assert request_kind(Prompt("chat-0001-code", "x", 1, "chat-requests:code:heldout")) == "code"
+    assert request_kind(Prompt("stdlib-0001-test", "x", 1, "stdlib-requests:os.path:test")) == "stdlib-test"
+    assert request_kind(Prompt("line-00001", "x", 1, "mine.txt")) is None
+    kinds = {request_kind(p) for p in load_prompts("chat-and-stdlib")[:24]}
+    assert None not in kinds and any(k.startswith("stdlib-") for k in kinds)

@@ -118,3 +118,13 @@ def test_the_figure_plots_the_estimates_and_the_reported_values() -> None:
         assert ax.get_xscale() == "log"
     with pytest.raises(ValueError, match="unknown family 'top-2'"):
         size_figure(points, "top-2")
+
+
+def test_by_family_splits_by_the_prompt_ids_first_word_and_keeps_answers_whole() -> None:
+    t = A.Traces.from_columns({"prompt_id": ["chat-0001-code"] * 3 + ["stdlib-0001-test"] * 2 + ["chat-0002-advice"],
+                               "step": [0, 1, 2, 0, 1, 0], "p_top1": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]})
+    fams = S.by_family(t)
+    assert list(fams) == ["chat", "stdlib"]
+    assert fams["chat"].column("p_top1").tolist() == [0.1, 0.2, 0.3, 0.6] and fams["chat"].n_trajectories == 2
+    assert fams["stdlib"].lengths.tolist() == [2]
+    assert S.family_of("line-00001") == "other"

@@ -110,6 +110,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
     """
     from companion.harvest import load_traces
     from companion.harvest.store import read_manifest
+    from companion.size_axis import non_embedding_parameters
 
     harvest = read_manifest(run_dir)
     table = load_traces(run_dir)
@@ -129,6 +130,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
                        "n_prompts": config["prompt_set"]["n_prompts"]},
         "model": target.get("converted_from", {}).get("display_name", target["name"]),
         "parameters": target["parameters"],
+        "non_embedding_parameters": non_embedding_parameters(target["name"], target["parameters"]),
         "weights_sha256": target.get("weights_sha256"),
         "converted_from": target.get("converted_from"),
         "dtype": config["dtype"],
