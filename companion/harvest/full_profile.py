@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import io
 import json
+import math
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -171,6 +172,86 @@ def load(data_dir: Path = FULL_PROFILE_DIR) -> tuple[pa.Table, dict[str, Any]]:
         raise ValueError(f"{data_dir / manifest['data_file']} does not match the sha256 of {manifest_path}; "
                          f"restore it from the repository or rerun `{COMMAND}`")
     return pq.read_table(io.BytesIO(data)), manifest
+
+
+#: How far the top logit of two runs of one bfloat16 model on one prefix may differ, in units in the
+#: last place of that logit (see :func:`compare_steps`).
+LOGIT_ULPS = 4
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Two runs' steps compared prompt by prompt up to the first near tie (:func:`compare_steps`)."""
+
+    prompts: int
+    steps: int
+    stopped_at_near_tie: int
+    max_logit_ulps: float
+    max_log_p_ulps: float
+    failures: tuple[str, ...]
+
+
+def compare_steps(a: pa.Table, b: pa.Table, dtype: str = "bfloat16", ulps: float = LOGIT_ULPS) -> Agreement:
+    """Compare two runs' rows (``prompt_id``, ``step``, ``token``, ``p_top1``, ``logit_top1``, ``logit_gap``).
+
+    For every prompt in both, step by step from 0 while both have the step: the top logits must
+    agree within ``ulps`` units in the last place of the larger (``|dz| <= ulps * ulp(z)``), the
+    log top-1 probabilities within ``2 * ulps * ulp(z)``, and the greedy tokens must be equal;
+    the comparison of a prompt stops after the first step that is a near tie in either run
+    (:func:`companion.harvest.ties.near_ties`), where the tokens may differ and so every later
+    prefix.
+
+    Why these tolerances. Two runs of the same bfloat16 model on the same prefix compute the same
+    real values along other kernel paths when the batch, the threads or the CPU differ; every
+    layer rounds to bfloat16 in its own order, so the logits move by a few ulps. The near-tie
+    band allows 2 (see :mod:`companion.harvest.ties`); measured here, batches of 16 against 32 on
+    one machine moved the top logit by at most 2 ulps over 107 steps. ``ulps = 4`` doubles that
+    for other x86 CPUs (without bfloat16 instructions, other float32 accumulation orders). The
+    probability follows from the logits: ``log p(1) = z(1) - logsumexp(z)``, and a shift of every
+    logit by at most ``d`` moves ``logsumexp`` by at most ``d``, so ``log p(1)`` by at most ``2d``
+    (the logits that carry the mass lie within a few nats of the top, where the spacing is at
+    most that of the top logit).
+    """
+    import numpy as np
+
+    from companion.harvest.ties import near_ties, ulp
+
+    def rows(t: pa.Table) -> dict[str, dict[int, dict[str, Any]]]:
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for r in t.select(["prompt_id", "step", "token", "p_top1", "logit_top1", "logit_gap"]).to_pylist():
+            out.setdefault(r["prompt_id"], {})[int(r["step"])] = r
+        return out
+
+    ra, rb = rows(a), rows(b)
+    common = [pid for pid in ra if pid in rb]
+    steps = stopped = 0
+    worst_ulps = worst_logp = 0.0  # the log-probability gap in ulps of the top logit
+    failures: list[str] = []
+    for pid in common:
+        s = 0
+        while s in ra[pid] and s in rb[pid]:
+            x, y = ra[pid][s], rb[pid][s]
+            z = max(abs(x["logit_top1"]), abs(y["logit_top1"]))
+            unit = float(ulp(z, dtype))
+            d_ulps = abs(x["logit_top1"] - y["logit_top1"]) / unit
+            d_logp = abs(math.log(x["p_top1"]) - math.log(y["p_top1"]))
+            worst_ulps, worst_logp = max(worst_ulps, d_ulps), max(worst_logp, d_logp / unit)
+            if d_ulps > ulps:
+                failures.append(f"{pid} step {s}: top logits {x['logit_top1']} and {y['logit_top1']} differ by "
+                                f"{d_ulps:g} ulps (> {ulps})")
+            if d_logp > 2 * ulps * unit:
+                failures.append(f"{pid} step {s}: log p(1) differ by {d_logp:.4g} (> {2 * ulps * unit:.4g})")
+            steps += 1
+            tie = bool(near_ties(np.array([x["logit_top1"], y["logit_top1"]]),
+                                 np.array([x["logit_gap"], y["logit_gap"]]), dtype).any())
+            if tie:
+                stopped += 1
+                break
+            if x["token"] != y["token"]:
+                failures.append(f"{pid} step {s}: tokens {x['token']} and {y['token']} differ at no near tie")
+                break
+            s += 1
+    return Agreement(len(common), steps, stopped, worst_ulps, worst_logp, tuple(failures))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
