@@ -15,7 +15,8 @@ from companion.speculative.compare import CALIBRATED, PolicyComparison, RatioEst
 from companion.speculative.costs import CostModel
 from companion.speculative.decoder import SpeculativeResult
 from companion.speculative.oracle import _check_costs, oracle_result
-from companion.speculative.policies import parse_policy
+from companion.speculative.calibrated_replay import replay_warmed
+from companion.speculative.policies import Policy, parse_policy
 from companion.speculative.policy_replay import replay
 from companion.speculative.recording import RecordedChains, _check_chains
 
@@ -51,15 +52,26 @@ def replay_comparison(
     warm state; a ``certificate (cold)`` row from the prior when ``cold``; and the
     :data:`ORACLE` row (:func:`oracle_result`). ``replayed`` may hold built-in runs already
     replayed on ``eval_chains`` (they do not depend on the cost model). The comparison's
-    ``fitted`` model is ``costs`` itself (a replay has no timings to fit). ``fast``: as :func:`replay`'s
-    and :func:`oracle_plan`'s (``False``: the reference paths, for comparison).
+    ``fitted`` model is ``costs`` itself (a replay has no timings to fit). ``fast``: the array
+    paths (the built-ins and the oracle as :func:`replay`'s and :func:`oracle_plan`'s; the
+    calibrated rules replayed on every recording at once, round by round, with the same rounds);
+    ``False``: every policy driven call by call, the reference.
     """
+    names = _check_comparison(eval_chains, calibration_chains, [costs], builtins)
+    runs = _calibrated_runs(eval_chains, calibration_chains, [costs], calibrated, cold, fast)[0]
+    return _comparison(eval_chains, costs, names, replayed, runs, fast)
+
+
+def _check_comparison(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
+                      cost_models: Sequence[CostModel], builtins: Sequence[str]) -> list[str]:
+    """The built-ins' names, after refusing what :func:`replay_comparison` cannot replay or price."""
     names = list(builtins)
     if not names or names[0] != "constant:0":
         raise ValueError(f"the built-ins must start with 'constant:0' (the reference decoding), got {names[:1]}")
     if not eval_chains:
         raise ValueError("no recordings to replay")
-    _check_costs(costs)
+    for costs in cost_models:
+        _check_costs(costs)
     for i, ch in enumerate(eval_chains):
         # an empty text has no token to price: its cost per token is NaN, and a NaN in the totals
         # would make every policy's cost NaN
@@ -68,23 +80,76 @@ def replay_comparison(
                              "it has no token to price; leave it out")
     for i, ch in enumerate(calibration_chains):
         _check_chains(ch, f"calibration_chains[{i}]")
+    return names
+
+
+def _calibrated_runs(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
+                     cost_models: Sequence[CostModel], calibrated: Sequence[str], cold: bool, fast: bool
+                     ) -> list[dict[str, list[SpeculativeResult]]]:
+    """Per cost model, the calibrated rows of :func:`replay_comparison`: ``{display name: runs}``, and
+    ``certificate (cold)`` when ``cold``. ``fast``: every rule under every cost model replayed at once
+    (``companion.speculative.calibrated_replay``), unless one of them is not a plain calibrated spec."""
+    rows: list[tuple[int, str, Policy, bool]] = []    # (cost model, row name, policy, warmed first)
+    for m, costs in enumerate(cost_models):
+        knobs = costs.policy_defaults()
+        rows += [(m, display_name(spec), parse_policy(spec, **knobs), True) for spec in calibrated]
+        if cold:
+            rows.append((m, "certificate (cold)", parse_policy("certificate", **knobs), False))
+    runs = replay_warmed([pol for _, _, pol, _ in rows],
+                         [calibration_chains if warmed else () for _, _, _, warmed in rows],
+                         eval_chains) if fast and rows else None
+    if runs is None:                    # call by call: the reference (and where a replay raises, its error)
+        runs = []
+        for _, _, pol, warmed in rows:
+            if warmed:
+                for ch in calibration_chains:
+                    replay(ch, pol)
+            runs.append([replay(ch, pol.fresh()) for ch in eval_chains])
+    out: list[dict[str, list[SpeculativeResult]]] = [{} for _ in cost_models]
+    for (m, name, _, _), r in zip(rows, runs):
+        out[m][name] = r
+    return out
+
+
+def _comparison(eval_chains: Sequence[RecordedChains], costs: CostModel, names: list[str],
+                replayed: dict[str, list[SpeculativeResult]] | None, calibrated: dict[str, list[SpeculativeResult]],
+                fast: bool) -> PolicyComparison:
+    """The comparison of :func:`replay_comparison` from its calibrated rows: the built-ins first, then
+    those rows, then the oracle; every row's prompt costs worked out once, for all its runs together."""
     results: dict[str, list[SpeculativeResult]] = {}
     for spec in names:
         runs = (replayed or {}).get(spec)
         results[spec] = list(runs) if runs is not None else [replay(ch, spec, fast=fast) for ch in eval_chains]
-    knobs = costs.policy_defaults()
-    for spec in calibrated:
-        warm = parse_policy(spec, **knobs)
-        for ch in calibration_chains:
-            replay(ch, warm)
-        results[display_name(spec)] = [replay(ch, warm.fresh()) for ch in eval_chains]
-    if cold:
-        results["certificate (cold)"] = [replay(ch, parse_policy("certificate", **knobs)) for ch in eval_chains]
+    results.update(calibrated)
     results[ORACLE] = [oracle_result(ch, costs, fast=fast) for ch in eval_chains]
     reference = [r.tokens for r in results["constant:0"]]
     failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
                 if not torch.equal(r.tokens, reference[i])]
-    return PolicyComparison(results, names, costs, costs, failures)
+    comparison = PolicyComparison(results, names, costs, costs, failures)
+    for name, runs in results.items():
+        # what PolicyComparison.prompt_costs keeps per row, made here for all runs at once
+        comparison._priced[name] = (runs, len(runs), costs, prompt_costs(runs, costs))
+    return comparison
+
+
+def prompt_costs(runs: Sequence[SpeculativeResult], costs: CostModel) -> np.ndarray:
+    """``[modelled_cost(r, costs) * len(r.tokens) for r in runs]`` as an array, bit for bit.
+
+    ``modelled_cost`` sums ``V(k)`` over a run's rounds left to right, adds ``c`` times its drafter
+    calls and divides by its tokens; here every run's sum is one row of a cumulative sum (also left
+    to right; the rows' padding adds zeros), and the rest the same float64 operations.
+    """
+    tokens = np.array([len(r.tokens) for r in runs], dtype=float)
+    rounds = np.array([len(r.submitted) for r in runs], dtype=np.intp)
+    width = int(rounds.max(initial=0))
+    flat = np.fromiter((k for r in runs for k in r.submitted), dtype=np.intp, count=int(rounds.sum()))
+    table = np.array([costs.verify_cost(k) for k in range(int(flat.max(initial=0)) + 1)])
+    padded = np.zeros((len(runs), max(width, 1)))
+    row = np.repeat(np.arange(len(runs)), rounds)
+    padded[row, np.arange(flat.size) - np.repeat(np.cumsum(rounds) - rounds, rounds)] = table[flat]
+    total = np.cumsum(padded, axis=1)[:, -1] + costs.c * np.array([r.drafter_forwards for r in runs], dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tokens > 0, total / tokens * tokens, np.nan)
 
 
 @dataclass(frozen=True)
@@ -173,18 +238,23 @@ def replay_grid(
     names = list(builtins) if builtins is not None else grid_builtins()
     replayed = {spec: [replay(ch, spec, fast=fast) for ch in eval_chains] for spec in names}
     job = (list(eval_chains), list(calibration_chains), names, list(calibrated), default, n_boot, seed, replayed, fast)
-    if processes and len(grid) > 1:
+    points = list(grid)
+    if processes and len(points) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
+        # each worker replays a run of consecutive cost models together (the calibrated rules of all of
+        # them at once), so the rows come back in the grid's order
+        parts = np.array_split(np.arange(len(points)), min(processes, len(points)))
+        chunks = [[points[i] for i in part] for part in parts]
         try:
-            with ProcessPoolExecutor(max_workers=min(processes, len(grid)), mp_context=multiprocessing.get_context("spawn"),
+            with ProcessPoolExecutor(max_workers=len(chunks), mp_context=multiprocessing.get_context("spawn"),
                                      initializer=_grid_worker_start, initargs=(job,)) as pool:
-                return list(pool.map(_grid_worker_row, grid))
+                return [row for rows in pool.map(_grid_worker_rows, chunks) for row in rows]
         except (BrokenProcessPool, OSError) as err:
             print(f"replay_grid: the worker processes failed ({type(err).__name__}: {err}); replaying here instead")
-    return [_grid_point(job, shape, costs) for shape, costs in grid]
+    return _grid_rows(job, points)
 
 
 def submit_replay_grid(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
@@ -223,16 +293,32 @@ def _grid_worker_start(job: tuple) -> None:
     _GRID_JOB = job
 
 
+def _grid_worker_rows(points: list[tuple[str, CostModel]]) -> list[GridRow]:
+    assert _GRID_JOB is not None, "the worker's initializer sets the job"
+    return _grid_rows(_GRID_JOB, points)
+
+
 def _grid_worker_row(point: tuple[str, CostModel]) -> GridRow:
     assert _GRID_JOB is not None, "the worker's initializer sets the job"
     return _grid_point(_GRID_JOB, *point)
 
 
 def _grid_point(job: tuple, shape: str, costs: CostModel) -> GridRow:
+    return _grid_rows(job, [(shape, costs)])[0]
+
+
+def _grid_rows(job: tuple, points: Sequence[tuple[str, CostModel]]) -> list[GridRow]:
+    """The :class:`GridRow` of every ``(shape, cost model)`` of ``points``: each its own comparison (no cold
+    row), the calibrated rules of all of them replayed together."""
     eval_chains, calibration_chains, names, calibrated, default, n_boot, seed, replayed, fast = job
-    cmp = replay_comparison(eval_chains, calibration_chains, costs, builtins=names, calibrated=calibrated,
-                            cold=False, replayed=replayed, fast=fast)
-    return grid_row(cmp, shape, default=default, n_boot=n_boot, seed=seed)
+    if not points:
+        return []
+    cost_models = [costs for _, costs in points]
+    _check_comparison(eval_chains, calibration_chains, cost_models, names)
+    runs = _calibrated_runs(eval_chains, calibration_chains, cost_models, calibrated, False, fast)
+    return [grid_row(_comparison(eval_chains, costs, names, replayed, rows, fast), shape, default=default,
+                     n_boot=n_boot, seed=seed)
+            for (shape, costs), rows in zip(points, runs)]
 
 
 def ratio_outcome(est: RatioEstimate) -> str:

@@ -46,6 +46,7 @@ from companion.speculative.grid import (
     GridRow,
     _grid_point,
     _grid_worker_row,
+    _grid_worker_rows,
     _grid_worker_start,
     gap_sentence,
     goal_sentence,

@@ -23,7 +23,15 @@ import numpy as np
 import torch
 
 from companion.speculative.decoder import SpeculativeResult, Timings
-from companion.speculative.policies import Confidence, Constant, DraftStep, Heuristic, Policy
+from companion.speculative.policies import (
+    Confidence,
+    Constant,
+    DraftStep,
+    Heuristic,
+    Policy,
+    kl_scale_score,
+    unit_score,
+)
 
 if TYPE_CHECKING:
     from companion.speculative.costs import CostModel
@@ -54,6 +62,7 @@ class ChainArrays:
     nxt: list[np.ndarray]
     _low: dict[float, list[int]] = field(default_factory=dict, repr=False)
     _plain: dict[int, tuple[DraftStep, ...]] = field(default_factory=dict, repr=False)
+    _scores: dict[tuple[str, str], np.ndarray] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, chains: RecordedChains) -> ChainArrays:
@@ -81,6 +90,19 @@ class ChainArrays:
         if s not in self._plain:
             self._plain[s] = tuple(DraftStep(token=d.token, q1=d.q1, q2=d.q2) for d in chain)
         return self._plain[s]
+
+    def scores(self, chains: RecordedChains, kind: str, cal: str) -> np.ndarray:
+        """``[n, width]``: the score a calibrated rule of ``kind`` (``cal``) keeps for each recorded draft once it
+        is verified (``Calibrated._score`` of the step it observes), ``nan`` past the chain; made once per
+        ``(kind, cal)`` with the policy's own scalar functions, so with its bits."""
+        key = (kind, cal)
+        if key not in self._scores:
+            score = kl_scale_score if cal == "kl" else unit_score
+            out = np.full(self.q1.shape, np.nan)
+            for s, chain in enumerate(chains.chains):
+                out[s, :len(chain)] = [score(kind, d) for d in chain]
+            self._scores[key] = out
+        return self._scores[key]
 
     def low_stop(self, threshold: float) -> list[int]:
         """Per position, ``1 +`` the index of the chain's first draft with ``q(1) < threshold`` (the
