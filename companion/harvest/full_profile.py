@@ -91,15 +91,17 @@ def _cpu_model() -> str:
 
 
 def _code_commit() -> str:
+    """``HEAD``'s commit, and the package's files that differ from it (so a reader can judge whether they matter)."""
     here = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--", "companion"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+                               capture_output=True, text=True, check=True).stdout.split("\n")
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    return head + (" (with uncommitted changes under companion/)" if dirty else "")
+    changed = sorted(line[3:] for line in dirty if line.strip())
+    return head + (f" (uncommitted changes in {', '.join(changed)})" if changed else "")
 
 
 def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
