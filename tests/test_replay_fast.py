@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from companion.speculative import CostModel, DraftStep, RecordedChains, oracle_plan, parse_policy, replay
 from companion.speculative.compare import builtin_policies
+from companion.speculative.oracle import oracle_result, oracle_results
 from companion.speculative.replay import _dp, grid_builtins
+from companion.speculative.replay_fast import oracle_dp_many
 from companion.speculative.policies import Confidence, Constant, Heuristic
 from companion.speculative.replay_fast import is_builtin
 
@@ -111,6 +113,41 @@ def test_array_oracle_is_the_reference_programme_bit_for_bit(rec, c, verify):
     assert choice == ref_choice
     assert best == ref_best and all(type(x) is float for x in best)
     assert oracle_plan(rec, costs) == oracle_plan(rec, costs, fast=False)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(recordings(), min_size=1, max_size=5), c=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+       verify=st.sampled_from([(1.0,), (1.0, 1.4, 1.45), (1.0, 0.9, 1.7, 1.2)]))
+def test_the_oracle_of_many_recordings_at_once_is_each_one_s(recs, c, verify):
+    """oracle_dp_many runs every recording's programme together: each one's costs and choices bit for bit,
+    and oracle_results the results oracle_result gives one by one."""
+    costs = CostModel(c=c, verify=verify)
+    assert oracle_dp_many(recs, costs) == [_dp(rec, costs, fast=False) for rec in recs]
+    for rec, got in zip(recs, oracle_results(recs, costs)):
+        want = oracle_result(rec, costs, fast=False)
+        assert (got.tokens.tolist(), got.accepted, got.submitted, got.drafted, got.draft_tokens, got.target_forwards,
+                got.drafter_forwards, got.ended_by_eos, got.policy, got.extra) == \
+               (want.tokens.tolist(), want.accepted, want.submitted, want.drafted, want.draft_tokens,
+                want.target_forwards, want.drafter_forwards, want.ended_by_eos, want.policy, want.extra)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(recordings(), min_size=1, max_size=5), spec=st.sampled_from(["constant:2", "heuristic", "confidence:0.4"]),
+       c=st.sampled_from([0.0, 0.05, 0.3]), verify=st.sampled_from([(1.0,), (1.0, 1.4, 1.45), (1.0, 0.9, 1.7, 1.2)]))
+def test_prompt_costs_are_modelled_cost_times_tokens_bit_for_bit(recs, spec, c, verify):
+    from companion.speculative import modelled_cost
+    from companion.speculative.grid import prompt_costs
+
+    costs = CostModel(c=c, verify=verify)
+    runs = []
+    for rec in recs:
+        try:
+            runs.append(replay(rec, spec))
+        except ValueError:
+            pass
+    want = [modelled_cost(r, costs) * len(r.tokens) for r in runs]
+    got = prompt_costs(runs, costs).tolist()
+    assert [("nan" if math.isnan(x) else x) for x in got] == [("nan" if math.isnan(x) else x) for x in want]
 
 
 def test_the_arrays_are_not_part_of_a_recording_s_identity():

@@ -36,18 +36,30 @@ def row_sums(a: np.ndarray, n: np.ndarray) -> np.ndarray:
     rows, width = a.shape
     if np.any(n > 128):
         raise ValueError("row_sums reproduces numpy's pairwise sum of at most 128 entries")
-    blocks = -(-width // 8) + 1          # one block of zeros past the last, for the tail's reads
-    padded = np.zeros((rows, blocks * 8))
-    padded[:, :width] = a
     full = n // 8
-    # the eight running sums over the whole blocks: a sequential sum over blocks, kept after block full - 1
-    running = np.cumsum(padded.reshape(rows, blocks, 8), axis=1)
-    s = running[np.arange(rows), np.maximum(full - 1, 0)]
-    s[full == 0] = 0.0                  # n < 8: numpy adds every entry, left to right, to 0
-    total = ((s[:, 0] + s[:, 1]) + (s[:, 2] + s[:, 3])) + ((s[:, 4] + s[:, 5]) + (s[:, 6] + s[:, 7]))
-    tail = np.take_along_axis(padded, (full * 8)[:, None] + np.arange(7), axis=1)
-    for t in range(7):                  # past n the tail reads zeros
-        total = total + tail[:, t]
+    blocks = width // 8
+    if blocks:
+        # the eight running sums over a row's whole blocks, block after block (a row's later blocks add zeros)
+        body = a[:, :blocks * 8].reshape(rows, blocks, 8)
+        keep = np.arange(blocks)[None, :] < full[:, None]
+        s = np.where(keep[:, :1], body[:, 0], 0.0)
+        for b in range(1, blocks):
+            s = s + np.where(keep[:, b:b + 1], body[:, b], 0.0)
+        s = s[:, 0::2] + s[:, 1::2]     # (s0 + s1), (s2 + s3), ...: numpy's pairing
+        s = s[:, 0::2] + s[:, 1::2]
+        total = s[:, 0] + s[:, 1]
+    else:
+        total = np.zeros(rows)          # n < 8: numpy adds every entry, left to right, to 0
+    # then the entries past the whole blocks, left to right (past n they are zeros)
+    start = full * 8
+    if width <= 16:
+        for c in range(width):
+            total = total + np.where(c >= start, a[:, c], 0.0)
+    else:
+        padded = np.concatenate([a, np.zeros((rows, 7))], axis=1)
+        tail = np.take_along_axis(padded, start[:, None] + np.arange(7), axis=1)
+        for t in range(7):
+            total = total + tail[:, t]
     return total
 
 

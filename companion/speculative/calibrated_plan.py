@@ -56,35 +56,45 @@ def _levels(nb: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def bin_tables(scores: np.ndarray, accepted: np.ndarray, nd: np.ndarray, bins: np.ndarray, n0: np.ndarray,
-               n0p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``Calibrated._bin_table`` per row: ``(edges, rates)``.
+def bin_tables(scores: np.ndarray, accepted: np.ndarray, first: np.ndarray, nd: np.ndarray, bins: np.ndarray,
+               n0: np.ndarray, n0p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``Calibrated._bin_table`` per row: ``(edges, rates, counts)``.
 
-    Row ``r`` reads its first ``nd[r]`` verified steps (``scores``, ``accepted`` 1.0 / 0.0), with
-    ``bins``, ``n0`` and ``n0p = n0 * prior`` its knobs. ``edges`` ``[rows, E]``: the row's inner
-    quantile edges (``np.unique(np.quantile(u, levels))``), then ``+inf``; ``rates`` ``[rows, E + 1]``:
-    the rate of each bin (past the row's own bins, entries that no score reaches).
+    Row ``r`` reads its first ``nd[r]`` verified steps (``scores``, ``accepted`` 1.0 / 0.0, ``first``:
+    a round's first draft), with ``bins``, ``n0`` and ``n0p = n0 * prior`` its knobs. ``edges``
+    ``[rows, E]``: the row's inner quantile edges (``np.unique(np.quantile(u, levels))``), then
+    ``+inf``; ``rates`` ``[rows, E + 1]``: the rate of each bin; ``counts`` ``[rows, 2, E + 1]``: the
+    steps in each bin that were a round's first draft, and the others (what the survival laws
+    count). Past a row's own bins the rates are ``prior`` and the counts 0. Bin ``b`` holds the
+    scores ``u`` with ``edges[b - 1] <= u < edges[b]`` (``searchsorted(edges, u, side="right")``),
+    counted from the sorted scores; the counts are the policy's bincounts (whole numbers).
     """
     rows, width = scores.shape
     valid = np.arange(width)[None, :] < nd[:, None]
     nb = np.maximum(1, np.minimum(bins, nd // 8))
     e = max(int(nb.max(initial=1)) - 1, 1)
+    srt = np.sort(np.where(valid, scores, np.inf), axis=1)
     edges = np.full((rows, e), np.inf)
     split = np.flatnonzero(nb > 1)
     if split.size:
-        srt = np.sort(np.where(valid[split], scores[split], np.inf), axis=1)
-        qs = sorted_quantiles(srt, nd[split], _levels(nb[split], e))
+        qs = sorted_quantiles(srt[split], nd[split], _levels(nb[split], e))
         qs[np.arange(e)[None, :] >= (nb[split] - 1)[:, None]] = np.inf
         qs.sort(axis=1)
         # np.unique: the sorted values without repeats (a repeat becomes +inf and sorts past the rest)
         qs[:, 1:][qs[:, 1:] == qs[:, :-1]] = np.inf
         qs.sort(axis=1)
         edges[split] = qs
-    # searchsorted(edges, u, side="right"): the number of edges <= u
-    b = (scores[:, :, None] >= edges[:, None, :]).sum(-1)
-    flat = (np.arange(rows)[:, None] * (e + 1) + b)[valid]
-    n = np.bincount(flat, minlength=rows * (e + 1)).reshape(rows, e + 1).astype(float)
-    acc = np.bincount(flat, weights=accepted[valid], minlength=rows * (e + 1)).reshape(rows, e + 1)
+
+    def per_bin(subset: np.ndarray) -> np.ndarray:
+        """The steps of ``subset`` in each bin: differences of the counts below each edge."""
+        ordered = srt if subset is valid else np.sort(np.where(subset, scores, np.inf), axis=1)
+        below = count_below(ordered, edges)
+        return np.diff(below, prepend=0, append=subset.sum(1)[:, None], axis=1)
+
+    n = per_bin(valid).astype(float)
+    acc = per_bin(valid & (accepted > 0)).astype(float)
+    ones = per_bin(valid & first)
+    counts = np.stack([ones, n.astype(np.intp) - ones], axis=1)
     rates = (acc + n0p[:, None]) / (n + n0[:, None])
     # pool adjacent violators where a row's own rates decrease somewhere (a non-decreasing row is its own fit)
     own = np.arange(e + 1)[None, :] <= np.isfinite(edges).sum(1)[:, None]
@@ -92,7 +102,7 @@ def bin_tables(scores: np.ndarray, accepted: np.ndarray, nd: np.ndarray, bins: n
     for r in np.flatnonzero(falls):
         k = int(own[r].sum())
         rates[r, :k] = pava(rates[r, :k].tolist(), (n[r, :k] + n0[r]).tolist())
-    return edges, rates
+    return edges, rates, counts
 
 
 def lookup_bins(edges: np.ndarray, rates: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -129,10 +139,27 @@ def survival_laws(looked: np.ndarray, first: np.ndarray, nd: np.ndarray, prior: 
     """
     rows, width = looked.shape
     valid = np.arange(width)[None, :] < nd[:, None]
-    k = np.round(looked * (G - 1)).astype(np.intp)
+    k = np.round(np.where(valid, looked, 0.0) * (G - 1)).astype(np.intp)
     cls = np.where(first, 0, 1)
     flat = ((np.arange(rows)[:, None] * 2 + cls) * G + k)[valid]
     counts = np.bincount(flat, minlength=rows * 2 * G).reshape(rows, 2, G)
+    return _laws(counts, prior, n0)
+
+
+def bin_laws(rates: np.ndarray, counts: np.ndarray, prior: np.ndarray, n0: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`survival_laws` of ``cal=bins`` rows from their tables: every step of bin ``b`` looks up
+    ``rates[b]``, so a law counts ``counts[r, c, b]`` steps at ``round(64 rates[r, b]) / 64``."""
+    rows, _, width = counts.shape
+    k = np.round(rates[:, :width] * (G - 1)).astype(np.intp)
+    flat = (np.arange(rows * 2).reshape(rows, 2, 1) * G + k[:, None, :]).reshape(-1)
+    total = np.bincount(flat, weights=counts.reshape(-1), minlength=rows * 2 * G).reshape(rows, 2, G)
+    return _laws(total.astype(np.intp), prior, n0)
+
+
+def _laws(counts: np.ndarray, prior: np.ndarray, n0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The laws of :func:`survival_laws` from the steps counted at each grid value ``counts`` ``[rows, 2, 65]``."""
+    rows = counts.shape[0]
     kp = np.round(prior * (G - 1)).astype(np.intp)
     w = counts.astype(float)
     r = np.arange(rows)
@@ -152,66 +179,85 @@ def survival_laws(looked: np.ndarray, first: np.ndarray, nd: np.ndarray, prior: 
 
 
 def expectation_ops(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``policies._expectation`` of every law of :func:`survival_laws`: ``(a [rows, 2, 65], M [rows, 2, 65, 65])``.
+    """``policies._expectation`` of the laws of :func:`survival_laws`: ``(a [rows, 2, 65], M [rows, 2, 65, 65])``.
 
     ``a[r] = sum_j S_r v_j w_j`` (numpy's sum over the support) and ``M`` the interpolation
-    operator, built by one bincount that adds each entry's terms in the order ``_expectation``'s
-    does (for each grid row, the ``(1 - frac) w`` terms by support point, then the ``frac w`` ones;
-    the padding adds zeros). Rows are taken in groups of similar support sizes, so that little is padded.
+    operator, built by a bincount that adds each entry's terms in the order ``_expectation``'s does
+    (for each grid row, the ``(1 - frac) w`` terms by support point, then the ``frac w`` ones; the
+    padding adds zeros). Class 0 (a round's first draft) only at ``S = 1``, its last grid row: it
+    makes ``W_0``, and the rule reads ``W_0`` only there (``excess`` reads ``W_0(1)``, the
+    continuation ``W_1 .. W_kmax``); its other rows are left zero. Class 1 in full, the rows taken
+    in groups of similar support sizes, so that little is padded.
     """
     rows = kk.shape[0]
     a = np.zeros((rows, 2, G))
     m = np.zeros((rows, 2, G, G))
-    size = n.max(1)
+    width0 = int(n[:, 0].max())
+    a[:, 0, -1], m[:, 0, -1] = _last_row(kk[:, 0, :width0], w[:, 0, :width0], n[:, 0])
     for lo, hi in ((0, 8), (8, 16), (16, 32), (32, G + 1)):
-        pick = np.flatnonzero((size > lo) & (size <= hi))
+        pick = np.flatnonzero((n[:, 1] > lo) & (n[:, 1] <= hi))
         if pick.size:
-            a[pick], m[pick] = _expectation_group(kk[pick, :, :hi], w[pick, :, :hi], n[pick])
+            width = min(hi, kk.shape[2])
+            a[pick, 1], m[pick, 1] = _operator(kk[pick, 1, :width], w[pick, 1, :width], n[pick, 1])
     return a, m
 
 
-def _expectation_group(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows, _, width = kk.shape
-    # grid row first, support point last: [65, rows, 2, J], each gathered from the [r, k] tables
-    terms = _S_NEXT_RK[:, kk] * w
-    a = row_sums(terms.reshape(-1, width), np.broadcast_to(n, (G, rows, 2)).reshape(-1))
-    a = a.reshape(G, rows, 2).transpose(1, 2, 0)
-    # one bin per (row, class, grid row, column); for a fixed bin its terms come side by side, then by
+def _last_row(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a[64]`` and ``M[64, :]`` of each row's law (support ``kk``, weights ``w``)."""
+    rows = kk.shape[0]
+    a = row_sums(_S_NEXT_RK[G - 1, kk] * w, n)
+    left = _LEFT_RK[G - 1, kk] + (np.arange(rows) * G)[:, None]
+    index = np.stack([left, left + 1], axis=1)                         # [rows, side, J]
+    weights = np.stack([_COEF_LEFT_RK[G - 1, kk] * w, _FRAC_RK[G - 1, kk] * w], axis=1)
+    return a, np.bincount(index.reshape(-1), weights=weights.reshape(-1), minlength=rows * G).reshape(rows, G)
+
+
+def _operator(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` ``[rows, 65]`` and ``M`` ``[rows, 65, 65]`` of each row's law, every grid row."""
+    rows, width = kk.shape
+    # grid row first, support point last: [65, rows, J], each gathered from the [r, k] tables
+    a = row_sums((_S_NEXT_RK[:, kk] * w).reshape(-1, width), np.broadcast_to(n, (G, rows)).reshape(-1))
+    # one bin per (row, grid row, column); for a fixed bin its terms come side by side, then by
     # support point, as _expectation's flat arrays give them
-    left = _LEFT_RK[:, kk] + (np.arange(rows * 2) * (G * G)).reshape(1, rows, 2, 1) + _ROW_BASE.reshape(G, 1, 1, 1)
-    index = np.stack([left, left + 1], axis=3)                                   # [65, rows, 2, side, J]
-    weights = np.stack([_COEF_LEFT_RK[:, kk] * w, _FRAC_RK[:, kk] * w], axis=3)
-    m = np.bincount(index.reshape(-1), weights=weights.reshape(-1), minlength=rows * 2 * G * G)
-    return a, m.reshape(rows, 2, G, G)
+    left = _LEFT_RK[:, kk] + (np.arange(rows) * (G * G))[None, :, None] + _ROW_BASE[:, None, None]
+    index = np.stack([left, left + 1], axis=2)                                   # [65, rows, side, J]
+    weights = np.stack([_COEF_LEFT_RK[:, kk] * w, _FRAC_RK[:, kk] * w], axis=2)
+    m = np.bincount(index.reshape(-1), weights=weights.reshape(-1), minlength=rows * G * G)
+    return a.reshape(G, rows).T, m.reshape(rows, G, G)
 
 
 def value_tables(lam: np.ndarray, a: np.ndarray, m: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """``policies._bellman`` per row: ``W_0 .. W_kmax`` ``[rows, kmax + 1, 65]`` at rate ``lam[r]``.
+    """``policies._bellman`` per row and rate: ``W_0 .. W_kmax`` ``[points, rows, kmax + 1, 65]`` at rate
+    ``lam[p, r]`` (``W_0`` at ``S = 1`` only, ``nan`` elsewhere: see :func:`expectation_ops`).
 
     ``a`` ``[rows, 2, 65]``, ``m`` ``[rows, 2, 65, 65]`` (class 0 for ``W_0``, class 1 above), ``steps``
-    ``[rows, kmax]`` the costs ``c + V(i + 1) - V(i)``. The same operations in the same order; the
-    batched matrix-vector products are the single ones, row by row (numpy hands each to BLAS's gemv).
+    ``[rows, kmax]`` the costs ``c + V(i + 1) - V(i)``. The same operations in the same order: per
+    level ``(M @ W_{i+1}) + a``, minus ``lam * step_i``, floored at 0; the batched matrix-vector
+    products are the single ones, row by row (numpy hands each to BLAS's gemv).
     """
-    rows, kmax = steps.shape
-    tables = np.zeros((rows, kmax + 1, G))
-    w_next = tables[:, kmax].copy()
+    points, rows = lam.shape
+    kmax = steps.shape[1]
+    tables = np.empty((points, rows, kmax + 1, G))
+    tables[:, :, kmax] = 0.0
+    cost = lam[:, :, None] * steps[None]                # lam * step_i, one product each
     for i in range(kmax - 1, -1, -1):
         c = 0 if i == 0 else 1
+        w = tables[:, :, i]
         if i == kmax - 1:
-            w = a[:, c] + 0.0
+            np.add(a[None, :, c], 0.0, out=w)
         else:
-            w = np.matmul(m[:, c], w_next[:, :, None])[:, :, 0]
-            w += a[:, c]
-        w -= (lam * steps[:, i])[:, None]
+            for p in range(points):
+                np.matmul(m[:, c], tables[p, :, i + 1, :, None], out=w[p, :, :, None])
+            w += a[None, :, c]
+        w -= cost[:, :, i, None]
         np.maximum(w, 0.0, out=w)
-        tables[:, i] = w
-        w_next = w
+    tables[:, :, 0, :-1] = np.nan       # W_0 is made at S = 1 only (see expectation_ops)
     return tables
 
 
 def excess(lam: np.ndarray, tables: np.ndarray) -> np.ndarray:
     """``1 - lam + W_0(1; lam)``: the best round's ``E[N] - lam E[C]`` (``optimal_rate``'s ``excess``)."""
-    return 1.0 - lam + tables[:, 0, -1]
+    return 1.0 - lam + tables[..., 0, -1]
 
 
 def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.ndarray, slope: np.ndarray,
@@ -219,8 +265,10 @@ def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.nda
     """``policies.optimal_rate`` per row (``guess`` ``nan`` for none): ``(lam, tables at lam, slope)``.
 
     The lower end of the policy's bisection, bit for bit, from a few exact evaluations (see the
-    module docstring). ``slope`` is a row's estimate of ``-d excess / d lam`` (``nan``: none), from
-    the last call; the returned one is for the next.
+    module docstring): each sweep walks a row's bisection on what is known, evaluates exactly the
+    points its walk could only estimate (the largest one estimated to lie below the root and the
+    smallest above it), and is done once those confirm the walk. ``slope`` is a row's estimate of
+    ``-d excess / d lam`` (``nan``: none), from the last call; the returned one is for the next.
     """
     rows, kmax = steps.shape
     top = float(kmax + 1)
@@ -229,74 +277,110 @@ def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.nda
     eps = 1e-11 * kmax * (80.0 + top * step_size)
     margin = np.where(sigma > 0, 2 * eps / np.maximum(sigma, 1e-300), np.inf)
     has_guess = ~np.isnan(guess)
-    known_x = np.zeros((rows, 0))
-    known_e = np.zeros((rows, 0))
+    known_x = np.full((rows, 0), np.nan)
+    known_e = np.full((rows, 0), np.nan)
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (rows, x, tables) of every evaluation
     estimate = np.where(has_guess, guess, 0.5 * (1.0 + top))
-    lo = np.ones(rows)
+    lam = np.ones(rows)
+    active = np.arange(rows)
     for sweep in range(64):
-        lo, need, uncertain_first = _walk(known_x, known_e, estimate, has_guess, guess, top, tol, margin)
-        if sweep >= 3:                  # a slow row: also settle its path's first unsettled point
-            need = np.concatenate([need, uncertain_first[:, None]], axis=1)
-        # the lower end's own tables, once its branch is settled
-        settled = np.isnan(need).all(1)
-        at_lo = (known_x == lo[:, None]).any(1)
-        need = np.concatenate([need, np.where(settled & ~at_lo, lo, np.nan)[:, None]], axis=1)
-        if np.isnan(need).all():
+        if active.size == 0:
             break
-        for col in range(need.shape[1]):
-            x = need[:, col]
-            which = np.flatnonzero(~np.isnan(x) & ~(known_x == x[:, None]).any(1))
-            if which.size == 0:
-                continue
+        r = active
+        lo, need, first_open, y2, z2 = _walk(known_x[r], known_e[r], estimate[r], has_guess[r], guess[r], top, tol,
+                                              margin[r])
+        y, z = need[:, 0].copy(), need[:, 1].copy()
+        if sweep == 0:
+            # first, one point near the guess: with the slope carried from the last refresh it predicts
+            # the root well enough that the next sweep's two points usually settle the whole path
+            one = has_guess[r] & ~np.isnan(slope[r])
+            need[one, 1] = np.nan
+        if sweep >= 3:                  # a slow row: also settle its path's first unsettled point
+            need = np.concatenate([need, first_open[:, None]], axis=1)
+        settled = np.isnan(y) & np.isnan(z)
+        # the lower end's own tables, once its branch is settled
+        need = np.concatenate([need, np.where(settled & ~(known_x[r] == lo[:, None]).any(1), lo, np.nan)[:, None]],
+                              axis=1)
+        # evaluate every needed point not yet known, all of this sweep's at once
+        need[(known_x[r][:, :, None] == need[:, None, :]).any(1)] = np.nan
+        need = need[:, ~np.isnan(need).all(0)]
+        pick = np.flatnonzero(~np.isnan(need).all(1))
+        if pick.size:
+            which = r[pick]
+            x = need[pick].T
             if which.size == rows:
-                t = value_tables(x, a, m, steps)
+                t = value_tables(np.where(np.isnan(x), 1.0, x), a, m, steps)
             else:
-                t = value_tables(x[which], a[which], m[which], steps[which])
-            ex = np.full(rows, np.nan)
-            ex[which] = excess(x[which], t)
-            found.append((which, x[which], t))
-            xs = np.full(rows, np.nan)
-            xs[which] = x[which]
-            known_x = np.concatenate([known_x, xs[:, None]], axis=1)
-            known_e = np.concatenate([known_e, ex[:, None]], axis=1)
-        estimate = _estimate(known_x, known_e, estimate, slope)
+                t = value_tables(np.where(np.isnan(x), 1.0, x), a[which], m[which], steps[which])
+            e = excess(x, t)
+            for p in range(x.shape[0]):
+                got = ~np.isnan(x[p])
+                found.append((which[got], x[p, got], t[p, got]))
+            column = np.full((2, rows, x.shape[0]), np.nan)
+            column[0, which] = x.T
+            column[1, which] = e.T
+            known_x = np.concatenate([known_x, column[0]], axis=1)
+            known_e = np.concatenate([known_e, column[1]], axis=1)
+        # done: the walk needed nothing, or its estimated extremes came out as estimated, the next ones
+        # are settled from them, and the lower end is evaluated
+        kx, ke = known_x[r], known_e[r]
+        e_y = np.where(kx == y[:, None], ke, -np.inf).max(1, initial=-np.inf)     # -inf / +inf: not evaluated
+        e_z = np.where(kx == z[:, None], ke, np.inf).min(1, initial=np.inf)
+        done = ((np.isnan(y) | (e_y > 0)) & (np.isnan(z) | ~(e_z > 0))
+                & (np.isnan(y2) | (y2 <= y - margin[r])) & (np.isnan(z2) | (z2 >= z + margin[r]))
+                & (kx == lo[:, None]).any(1) & (sweep < 3))
+        done |= settled & (kx == lo[:, None]).any(1)
+        lam[r[done]] = lo[done]
+        active = r[~done]
+        if active.size:
+            estimate[active] = _estimate(known_x[active], known_e[active], estimate[active], slope[active])
     else:
         raise RuntimeError("optimal_rates: the bisection's path did not settle")
     tables = np.zeros((rows, kmax + 1, G))
     for which, x, t in found:
-        hit = x == lo[which]
+        hit = x == lam[which]
         tables[which[hit]] = t[hit]
-    return lo, tables, _slope(known_x, known_e, slope)
+    return lam, tables, _slope(known_x, known_e, slope)
 
 
 def _walk(known_x: np.ndarray, known_e: np.ndarray, estimate: np.ndarray, has_guess: np.ndarray, guess: np.ndarray,
-          top: float, tol: float, margin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+          top: float, tol: float, margin: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The bisection of ``optimal_rate`` per row, each branch taken from an exact evaluation, a
     settled sign (monotonicity from one, ``margin`` away) or, failing both, the ``estimate`` of the root.
 
-    Returns the lower end it reaches, the points to evaluate next (per row: the largest and the
-    smallest estimated point with a positive / non-positive branch, ``nan`` for none) and the first
-    estimated point of each row's path (``nan`` for none).
+    Returns the lower end it reaches; the points to evaluate next (per row: the largest and the
+    smallest estimated point with a positive / non-positive branch, ``nan`` for none); the first
+    estimated point of each row's path; and the second largest and second smallest estimated points
+    (``nan`` for none).
     """
     rows = len(estimate)
-    valid = ~np.isnan(known_x)
-    pos_known = valid & (known_e > 0)
-    neg_known = valid & ~(known_e > 0)
-    big_pos = np.full(rows, -np.inf)
-    small_neg = np.full(rows, np.inf)
+    pos_known = known_e > 0                         # nan (no point) compares False
+    top_pos = np.where(pos_known, known_x, -np.inf).max(1, initial=-np.inf)
+    bottom_neg = np.where(~np.isnan(known_x) & ~pos_known, known_x, np.inf).min(1, initial=np.inf)
+    sure_below = top_pos - margin                   # at or below: positive, settled by the largest positive
+    sure_above = bottom_neg + margin
+    y1 = np.full(rows, -np.inf)
+    y2 = np.full(rows, -np.inf)
+    z1 = np.full(rows, np.inf)
+    z2 = np.full(rows, np.inf)
     first_open = np.full(rows, np.nan)
 
     def decide(x: np.ndarray, live: np.ndarray) -> np.ndarray:
-        same = valid & (known_x == x[:, None])
+        same = known_x == x[:, None]
         exact = same.any(1)
-        sure_pos = (pos_known & (known_x >= (x + margin)[:, None])).any(1)
-        sure_neg = (neg_known & (known_x <= (x - margin)[:, None])).any(1)
+        sure_pos = x <= sure_below
+        sure_neg = x >= sure_above
+        positive = np.where(exact, (same & pos_known).any(1), sure_pos | (~sure_neg & (x < estimate)))
         open_ = live & ~exact & ~sure_pos & ~sure_neg
-        positive = np.where(exact, (same & pos_known).any(1), np.where(sure_pos | sure_neg, sure_pos, x < estimate))
-        np.maximum(big_pos, np.where(open_ & positive, x, -np.inf), out=big_pos)
-        np.minimum(small_neg, np.where(open_ & ~positive, x, np.inf), out=small_neg)
-        first_open[open_ & np.isnan(first_open)] = x[open_ & np.isnan(first_open)]
+        if open_.any():
+            up, down = open_ & positive, open_ & ~positive
+            y2[:] = np.where(up & (x > y1), y1, np.where(up & (x > y2), x, y2))
+            y1[:] = np.where(up & (x > y1), x, y1)
+            z2[:] = np.where(down & (x < z1), z1, np.where(down & (x < z2), x, z2))
+            z1[:] = np.where(down & (x < z1), x, z1)
+            fresh = open_ & np.isnan(first_open)
+            first_open[fresh] = x[fresh]
         return positive
 
     lo = np.ones(rows)
@@ -317,9 +401,11 @@ def _walk(known_x: np.ndarray, known_e: np.ndarray, estimate: np.ndarray, has_gu
         lo = np.where(going & up, mid, lo)
         hi = np.where(going & ~up, mid, hi)
         going &= hi - lo > tol
-    need = np.stack([np.where(np.isfinite(big_pos), big_pos, np.nan),
-                     np.where(np.isfinite(small_neg), small_neg, np.nan)], axis=1)
-    return lo, need, first_open
+
+    def finite(v: np.ndarray) -> np.ndarray:
+        return np.where(np.isfinite(v), v, np.nan)
+
+    return lo, np.stack([finite(y1), finite(z1)], axis=1), first_open, finite(y2), finite(z2)
 
 
 def _estimate(known_x: np.ndarray, known_e: np.ndarray, previous: np.ndarray, slope: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ with ``window = 0``; anything else, and a recording on which the reference repla
 """
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Sequence
 
@@ -26,6 +27,7 @@ import torch
 from companion.speculative.batched_numpy import interp_unit_grid, row_sums
 from companion.speculative.calibrated_plan import (
     G,
+    bin_laws,
     bin_tables,
     count_below,
     expectation_ops,
@@ -107,9 +109,15 @@ class _Rows:
         self.first = np.zeros((self.n, 64), dtype=bool)
         self.nk = np.zeros(self.n, dtype=np.intp)
         self.kls = np.zeros((self.n, 64))
+        # KLs of a shared warm state (cal=kl), searched once for all its copies: the rows' first nk0 KLs,
+        # sorted in `base` (complex keys warm row + 1j * KL, and each warm row's start), warm row base_of
+        self.nk0 = np.zeros(self.n, dtype=np.intp)
+        self.base: tuple[np.ndarray, np.ndarray] | None = None
+        self.base_of = np.full(self.n, -1, dtype=np.intp)
         e = max(int(self.bins.max()) - 1, 1)
         self.edges = np.full((self.n, e), np.inf)
         self.rates = np.zeros((self.n, e + 1))
+        self.counts = np.zeros((self.n, 2, e + 1), dtype=np.intp)   # steps per bin, first drafts and others
         self.lam = np.zeros(self.n)
         self.tables = np.zeros((self.n, top + 1, G))
         self.law_k = np.zeros((self.n, 2, G), dtype=np.intp)
@@ -140,21 +148,38 @@ def _refresh_tables(st: _Rows, rows: np.ndarray) -> None:
     if rows.size == 0:
         return
     width = int(st.nd[rows].max(initial=0)) or 1
-    edges, rates = bin_tables(st.score[rows, :width], st.acc[rows, :width], st.nd[rows], st.bins[rows],
-                              st.n0[rows], st.n0p[rows])
+    edges, rates, counts = bin_tables(st.score[rows, :width], st.acc[rows, :width], st.first[rows, :width],
+                                      st.nd[rows], st.bins[rows], st.n0[rows], st.n0p[rows])
     st.edges[rows] = np.inf
     st.edges[rows, :edges.shape[1]] = edges
+    st.rates[rows] = 0.0
     st.rates[rows, :rates.shape[1]] = rates
+    st.counts[rows] = 0
+    st.counts[rows, :, :counts.shape[2]] = counts
     st.table_valid[rows] = True
 
 
-def _sorted_kls(st: _Rows, rows: np.ndarray) -> np.ndarray:
-    width = int(st.nk[rows].max(initial=0)) or 1
-    kls = st.kls[rows, :width]
-    return np.sort(np.where(np.arange(width)[None, :] < st.nk[rows][:, None], kls, np.inf), axis=1)
+def _kls_below(st: _Rows, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per row, how many of its verified KLs are below each of ``x`` ``[rows, m]`` (``searchsorted`` on the
+    sorted KLs, side ``left``): those of its warm state, searched in the warm rows' sorted KLs, plus its own."""
+    own = st.nk[rows] - st.nk0[rows]
+    width = int(own.max(initial=0))
+    below = np.zeros(x.shape, dtype=np.intp)
+    if width:
+        take = st.nk0[rows][:, None] + np.arange(width)
+        mine = np.take_along_axis(st.kls[rows], np.minimum(take, st.kls.shape[1] - 1), axis=1)
+        mine = np.sort(np.where(np.arange(width)[None, :] < own[:, None], mine, np.inf), axis=1)
+        below += count_below(mine, x)
+    if st.base is not None:
+        keys, start = st.base
+        query = np.empty(x.shape, dtype=complex)
+        query.real = st.base_of[rows][:, None]
+        query.imag = x
+        below += np.searchsorted(keys, query, side="left") - start[st.base_of[rows]][:, None]
+    return below
 
 
-def _survival(st: _Rows, rows: np.ndarray, x: np.ndarray, kls: np.ndarray | None = None) -> np.ndarray:
+def _survival(st: _Rows, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``Calibrated.survival`` of scores ``x`` ``[rows, m]``: the bin rate, or (``cal=kl``) ``F(x)`` of the KLs so far."""
     out = np.empty(x.shape)
     bins = ~st.kl_mode[rows]
@@ -163,8 +188,7 @@ def _survival(st: _Rows, rows: np.ndarray, x: np.ndarray, kls: np.ndarray | None
         out[bins] = lookup_bins(st.edges[b], st.rates[b], x[bins])
     if not bins.all():
         k = rows[~bins]
-        srt = kls[~bins] if kls is not None else _sorted_kls(st, k)
-        below = count_below(srt, x[~bins])
+        below = _kls_below(st, k, x[~bins])
         out[~bins] = (below + st.n0p[k][:, None]) / (st.nk[k] + st.n0[k])[:, None]
     return out
 
@@ -173,10 +197,24 @@ def _refresh_plans(st: _Rows, rows: np.ndarray) -> None:
     """``Calibrated.plan`` of ``rows``: survival laws over their verified steps, the rate and the value tables."""
     if rows.size == 0:
         return
-    width = int(st.nd[rows].max(initial=0)) or 1
-    kls = _sorted_kls(st, rows) if st.kl_mode[rows].any() else None
-    looked = _survival(st, rows, st.score[rows, :width], kls)
-    kk, w, n = survival_laws(looked, st.first[rows, :width], st.nd[rows], st.prior[rows], st.n0[rows])
+    kk = np.zeros((rows.size, 2, G), dtype=np.intp)
+    w = np.zeros((rows.size, 2, G))
+    n = np.zeros((rows.size, 2), dtype=np.intp)
+    kl = st.kl_mode[rows]
+    for part in (np.flatnonzero(~kl), np.flatnonzero(kl)):
+        if part.size == 0:
+            continue
+        r = rows[part]
+        if kl[part[0]]:                 # F(u) of every verified step against the KLs so far
+            width = int(st.nd[r].max(initial=0)) or 1
+            looked = _survival(st, r, st.score[r, :width])
+            laws = survival_laws(looked, st.first[r, :width], st.nd[r], st.prior[r], st.n0[r])
+        else:                           # a step's survival is its bin's rate: count the bins
+            laws = bin_laws(st.rates[r], st.counts[r], st.prior[r], st.n0[r])
+        width = laws[0].shape[2]
+        kk[part, :, :width], w[part, :, :width], n[part] = laws
+    width = int(n.max())
+    kk, w = kk[:, :, :width], w[:, :, :width]
     a, m = expectation_ops(kk, w, n)
     for kmax in np.unique(st.kmax[rows]):
         pick = np.flatnonzero(st.kmax[rows] == kmax)
@@ -194,10 +232,17 @@ def _refresh_plans(st: _Rows, rows: np.ndarray) -> None:
     st.plan_valid[rows] = True
 
 
-def _continuation(st: _Rows, rows: np.ndarray, i: int, surv: np.ndarray) -> np.ndarray:
-    """``Calibrated.continuation(i, surv)`` per row: ``E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i))``."""
-    c = 0 if i == 0 else 1
+def _continuation(st: _Rows, rows: np.ndarray, i: np.ndarray, surv: np.ndarray) -> np.ndarray:
+    """``Calibrated.continuation(i, surv)`` per pair ``(rows[p], i[p])``:
+    ``E_s[S s + W_{i+1}(S s)] - lam (c + V(i+1) - V(i))`` at ``S = surv[p]``."""
+    c = np.minimum(i, 1)                # a round's first draft has its own law
     n = st.law_n[rows, c]
+    wide = n > 16
+    if wide.any() and not wide.all():   # the wide laws (cal=kl's) apart: the others' sums stay narrow
+        out = np.empty(rows.size)
+        for part in (wide, ~wide):
+            out[part] = _continuation(st, rows[part], i[part], surv[part])
+        return out
     width = int(n.max())
     vals = st.law_k[rows, c, :width] / (G - 1)
     s_next = surv[:, None] * vals
@@ -248,27 +293,35 @@ def _run(st: _Rows, recs: _Recordings, sequences: np.ndarray, log: _Log | None) 
         bins = ~st.kl_mode[live]
         _refresh_tables(st, live[bins & ~st.table_valid[live] & (~exploring | (cap > 0))])
         _refresh_plans(st, live[~exploring & ~st.plan_valid[live]])
-        drafted = np.where(exploring & (cap > 0), 1, 0)
+        # every survival the round may read, and S_0 = 1, S_{i + 1} = S_i s_i: within a round they do not
+        # depend on the decisions (drafts past the chain read 0; a row that would draft them is refused)
+        width = min(top, recs.scores.shape[2])
+        inside = np.arange(width)[None, :] < recs.length[g][:, None]
+        x = np.where(inside, recs.scores[st.variant[live], g, :width], 0.0)
+        surv = np.ones((live.size, top + 1))
+        surv[:, 1:width + 1] = np.cumprod(np.where(inside, _survival(st, live, x), 0.0), axis=1)
+        # drafts: up to the cap or a drafted end token, while the continuation pays; the decisions of a
+        # few drafts at a time (past a row's first refusal they are not read)
+        limit = np.minimum(capk, recs.eos_stop[g])
+        refused = np.full(live.size, top + 1)
+        todo = np.flatnonzero(~exploring & (limit > 0))
+        first = 0
+        while todo.size:
+            # many rows: one draft each at a time; few rows: several drafts at once (fewer, larger steps)
+            span = np.arange(first, min(first + int(np.clip(512 // todo.size, 1, 8)), top))
+            pair = np.repeat(todo, span.size)
+            i = np.tile(span, todo.size)
+            ask = i < limit[pair]
+            pays = np.ones(pair.size, dtype=bool)
+            pays[ask] = _continuation(st, live[pair[ask]], i[ask], surv[pair[ask], i[ask]]) > 0.0
+            pays = pays.reshape(todo.size, span.size)
+            stop = ~pays.all(1)
+            refused[todo[stop]] = first + np.argmin(pays[stop], axis=1)
+            first += span.size
+            todo = todo[~stop & (first < limit[todo])]
+        drafted = np.where(exploring, np.minimum(cap, 1), np.minimum(limit, refused))
         if np.any(drafted > recs.length[g]):
             raise _Refused("a chain too short for the round")
-        surv = np.ones((live.size, top + 1))
-        going = ~exploring & (capk > 0)
-        i = 0
-        while going.any():
-            idx = np.flatnonzero(going)
-            rows = live[idx]
-            want = _continuation(st, rows, i, surv[idx, i]) > 0.0
-            idx = idx[want]
-            going[:] = False
-            if idx.size == 0:
-                break
-            if np.any(recs.length[g[idx]] <= i):
-                raise _Refused("a chain too short for the round")
-            x = recs.scores[st.variant[live[idx]], g[idx], i]
-            surv[idx, i + 1] = surv[idx, i] * _survival(st, live[idx], x[:, None])[:, 0]
-            drafted[idx] = i + 1
-            going[idx] = (recs.eos_stop[g[idx]] != i + 1) & (i + 1 < capk[idx])
-            i += 1
         # submit: all drafts when exploring, else the k <= n maximising S_1 + .. + S_k - lam (V(k) + c n)
         submitted = drafted.copy()
         choose = np.flatnonzero(~exploring)
@@ -326,6 +379,16 @@ def _run(st: _Rows, recs: _Recordings, sequences: np.ndarray, log: _Log | None) 
         s[done] = 0
 
 
+def _warm_kls(st: _Rows) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's verified KLs, sorted, as complex keys ``row + 1j * KL`` in one array, and each row's start."""
+    width = int(st.nk.max(initial=0))
+    kls = np.sort(np.where(np.arange(width)[None, :] < st.nk[:, None], st.kls[:, :width], np.inf), axis=1)
+    keys = np.empty(kls.shape, dtype=complex)
+    keys.real = np.arange(st.n)[:, None]
+    keys.imag = kls
+    return keys.reshape(-1), np.arange(st.n) * width
+
+
 def replay_warmed(policies: Sequence[Calibrated], warm_on: Sequence[Sequence[RecordedChains]],
                   evals: Sequence[RecordedChains]) -> list[list[SpeculativeResult]] | None:
     """Each policy warmed on its recordings ``warm_on[p]`` in turn, then replayed on every recording of
@@ -346,16 +409,31 @@ def replay_warmed(policies: Sequence[Calibrated], warm_on: Sequence[Sequence[Rec
             warm[p, :len(seq)] = [index[id(r)] for r in seq]
         _run(st, stacked, warm, None)
         rows = np.repeat(np.arange(len(policies)), len(evals))
+        base = _warm_kls(st)
         st = st.take(rows)
+        st.base, st.base_of, st.nk0 = base, rows, st.nk.copy()
         seq = np.tile(np.array([index[id(r)] for r in evals], dtype=np.intp), len(policies))[:, None]
         log = _Log()
         final, ended = _run(st, stacked, seq, log)
     except _Refused:
         return None
+    collecting = gc.isenabled()
+    gc.disable()        # the results are ~10^5 small lists and no cycle: the collector would rescan the heap for them
+    try:
+        return _results(policies, evals, stacked, index, log.by_row(st.n), final, ended)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _results(policies: Sequence[Calibrated], evals: Sequence[RecordedChains], stacked: _Recordings,
+             index: dict[int, int], rounds: list[tuple[np.ndarray, ...]], final: np.ndarray, ended: np.ndarray
+             ) -> list[list[SpeculativeResult]]:
+    """Each row's rounds as the reference replay's result: ``out[policy][evaluated recording]``."""
     nan = math.nan
     names = [str(p) for p in policies]
     out: list[list[SpeculativeResult]] = [[] for _ in policies]
-    for row, (pos, acc, sub, dra) in enumerate(log.by_row(st.n)):
+    for row, (pos, acc, sub, dra) in enumerate(rounds):
         p, e = divmod(row, len(evals))
         rec = evals[e]
         drafts = stacked.drafts[index[id(rec)]]

@@ -14,7 +14,7 @@ import torch
 from companion.speculative.compare import CALIBRATED, PolicyComparison, RatioEstimate, builtin_policies, display_name
 from companion.speculative.costs import CostModel
 from companion.speculative.decoder import SpeculativeResult
-from companion.speculative.oracle import _check_costs, oracle_result
+from companion.speculative.oracle import _check_costs, oracle_results
 from companion.speculative.calibrated_replay import replay_warmed
 from companion.speculative.policies import Policy, parse_policy
 from companion.speculative.policy_replay import replay
@@ -121,7 +121,7 @@ def _comparison(eval_chains: Sequence[RecordedChains], costs: CostModel, names: 
         runs = (replayed or {}).get(spec)
         results[spec] = list(runs) if runs is not None else [replay(ch, spec, fast=fast) for ch in eval_chains]
     results.update(calibrated)
-    results[ORACLE] = [oracle_result(ch, costs, fast=fast) for ch in eval_chains]
+    results[ORACLE] = oracle_results(list(eval_chains), costs, fast=fast)
     reference = [r.tokens for r in results["constant:0"]]
     failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
                 if not torch.equal(r.tokens, reference[i])]

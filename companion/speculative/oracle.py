@@ -9,7 +9,7 @@ import torch
 from companion.speculative.costs import CostModel
 from companion.speculative.decoder import SpeculativeResult, Timings
 from companion.speculative.recording import _GREEDY, RecordedChains, _check_chains
-from companion.speculative.replay_fast import oracle_dp
+from companion.speculative.replay_fast import chain_arrays, oracle_dp, oracle_dp_many
 
 
 def _check_costs(costs: Any) -> CostModel:
@@ -99,3 +99,42 @@ def oracle_result(chains: RecordedChains, costs: CostModel, *, fast: bool = True
         ended_by_eos=chains.ended_by_eos,
         extra={"replayed": True},
     )
+
+
+def oracle_results(recordings: list[RecordedChains], costs: CostModel, *, fast: bool = True) -> list[SpeculativeResult]:
+    """:func:`oracle_result` of every recording: the same results, the programmes of all of them run at once
+    (``companion.speculative.replay_fast.oracle_dp_many``) when ``fast``."""
+    for ch in recordings:
+        _check_chains(ch)
+    _check_costs(costs)
+    if not fast:
+        return [oracle_result(ch, costs, fast=False) for ch in recordings]
+    out = []
+    nan = math.nan
+    for ch, (_, choice) in zip(recordings, oracle_dp_many(list(recordings), costs)):
+        drafts = chain_arrays(ch).drafts
+        n = len(ch.tokens)
+        plan, accepted, draft_tokens = [], [], []
+        s = 0
+        while s < n:
+            k = choice[s]
+            a = min(k, ch.matched[s])
+            plan.append(k)
+            accepted.append(a)
+            draft_tokens.append(list(drafts[s][:k]))
+            s = min(s + a + 1, n)
+        out.append(SpeculativeResult(
+            tokens=torch.tensor(ch.tokens, dtype=torch.long),
+            target_forwards=len(plan),
+            drafter_forwards=sum(plan),
+            accepted=accepted,
+            submitted=list(plan),
+            drafted=list(plan),
+            policy="oracle",
+            criterion=str(_GREEDY),
+            timings=Timings(wall_s=nan, target_s=nan, drafter_s=nan),
+            draft_tokens=draft_tokens,
+            ended_by_eos=ch.ended_by_eos,
+            extra={"replayed": True},
+        ))
+    return out

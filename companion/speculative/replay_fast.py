@@ -224,3 +224,31 @@ def oracle_dp(chains: RecordedChains, costs: CostModel) -> tuple[list[float], li
         best[s] = options[j]
         choice[s] = j
     return best.tolist(), choice
+
+
+def oracle_dp_many(recordings: list[RecordedChains], costs: CostModel) -> list[tuple[list[float], list[int]]]:
+    """:func:`oracle_dp` of every recording at once: position by position from the end, all recordings
+    still that long together, each position's options one row of a float64 array sum (the same
+    two additions per option, the same first minimum), so the same ``best`` and ``choice`` bit for bit."""
+    arrays = [chain_arrays(ch) for ch in recordings]
+    n = np.array([fa.n for fa in arrays], dtype=np.intp)
+    longest = int(n.max(initial=0))
+    width = max((max(fa.length, default=0) for fa in arrays), default=0)
+    price = np.array([costs.verify_cost(k) + costs.c * k for k in range(width + 1)])
+    length = np.full((len(arrays), longest), -1, dtype=np.intp)
+    matched = np.zeros((len(arrays), longest), dtype=np.intp)
+    for r, fa in enumerate(arrays):
+        length[r, :fa.n] = fa.length
+        matched[r, :fa.n] = fa.matched
+    best = np.zeros((len(arrays), longest + 1))
+    choice = np.zeros((len(arrays), longest), dtype=np.intp)
+    ks = np.arange(width + 1)
+    for s in range(longest - 1, -1, -1):
+        rows = np.flatnonzero(n > s)
+        nxt = np.minimum(s + np.minimum(ks[None, :], matched[rows, s][:, None]) + 1, n[rows][:, None])
+        options = price[None, :] + best[rows[:, None], nxt]
+        options[ks[None, :] > length[rows, s][:, None]] = np.inf
+        j = np.argmin(options, axis=1)
+        best[rows, s] = options[np.arange(rows.size), j]
+        choice[rows, s] = j
+    return [(best[r, :n[r] + 1].tolist(), choice[r, :n[r]].tolist()) for r in range(len(arrays))]
