@@ -183,7 +183,8 @@ LOGIT_ULPS = 4
 
 @dataclass(frozen=True)
 class Agreement:
-    """Two runs' steps compared prompt by prompt up to the first near tie (:func:`compare_steps`)."""
+    """Two runs' steps compared prompt by prompt until their tokens part (:func:`compare_steps`);
+    ``stopped_at_near_tie`` counts the prompts whose tokens parted at a near tie."""
 
     prompts: int
     steps: int
@@ -198,10 +199,10 @@ def compare_steps(a: pa.Table, b: pa.Table, dtype: str = "bfloat16", ulps: float
 
     For every prompt in both, step by step from 0 while both have the step: the top logits must
     agree within ``ulps`` units in the last place of the larger (``|dz| <= ulps * ulp(z)``), the
-    log top-1 probabilities within ``2 * ulps * ulp(z)``, and the greedy tokens must be equal;
-    the comparison of a prompt stops after the first step that is a near tie in either run
-    (:func:`companion.harvest.ties.near_ties`), where the tokens may differ and so every later
-    prefix.
+    log top-1 probabilities within ``2 * ulps * ulp(z)``, and the greedy tokens must be equal
+    except at a near tie in either run (:func:`companion.harvest.ties.near_ties`), where they may
+    differ; the comparison of a prompt stops at the first step whose tokens differ, since every
+    later prefix differs too.
 
     Why these tolerances. Two runs of the same bfloat16 model on the same prefix compute the same
     real values along other kernel paths when the batch, the threads or the CPU differ; every
@@ -244,13 +245,13 @@ def compare_steps(a: pa.Table, b: pa.Table, dtype: str = "bfloat16", ulps: float
             if d_logp > 2 * ulps * unit:
                 failures.append(f"{pid} step {s}: log p(1) differ by {d_logp:.4g} (> {2 * ulps * unit:.4g})")
             steps += 1
-            tie = bool(near_ties(np.array([x["logit_top1"], y["logit_top1"]]),
-                                 np.array([x["logit_gap"], y["logit_gap"]]), dtype).any())
-            if tie:
-                stopped += 1
-                break
-            if x["token"] != y["token"]:
-                failures.append(f"{pid} step {s}: tokens {x['token']} and {y['token']} differ at no near tie")
+            if x["token"] != y["token"]:  # the prefixes part here: nothing later is comparable
+                tie = bool(near_ties(np.array([x["logit_top1"], y["logit_top1"]]),
+                                     np.array([x["logit_gap"], y["logit_gap"]]), dtype).any())
+                if tie:
+                    stopped += 1
+                else:
+                    failures.append(f"{pid} step {s}: tokens {x['token']} and {y['token']} differ at no near tie")
                 break
             s += 1
     return Agreement(len(common), steps, stopped, worst_ulps, worst_logp, tuple(failures))
