@@ -189,3 +189,15 @@ def test_the_comparison_uses_the_batched_replay_and_agrees_with_call_by_call():
     for name in fast.policies:
         assert [rounds(r) for r in fast.results[name]] == [rounds(r) for r in slow.results[name]], name
         assert np.array_equal(fast.prompt_costs(name), slow.prompt_costs(name)), name
+
+
+def test_the_pooled_rates_are_policies_pava_bit_for_bit():
+    from companion.speculative.calibrated_plan import _pava
+    from companion.speculative.policies import pava
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        k = int(rng.integers(1, 20))
+        values = (rng.random(k) if rng.random() < 0.5 else np.round(rng.random(k) * 4) / 4).tolist()
+        weights = (rng.integers(1, 40, k) + rng.choice([0.0, 4.0, 0.5], k)).tolist()
+        assert _pava(values, weights) == pava(values, weights)

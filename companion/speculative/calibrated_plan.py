@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from companion.speculative.batched_numpy import GRID_POINTS, row_sums, sorted_quantiles
-from companion.speculative.policies import SURVIVAL_GRID, pava
+from companion.speculative.policies import SURVIVAL_GRID
 
 G = GRID_POINTS
 
@@ -101,8 +101,29 @@ def bin_tables(scores: np.ndarray, accepted: np.ndarray, first: np.ndarray, nd: 
     falls = ((rates[:, 1:] < rates[:, :-1]) & own[:, 1:]).any(1)
     for r in np.flatnonzero(falls):
         k = int(own[r].sum())
-        rates[r, :k] = pava(rates[r, :k].tolist(), (n[r, :k] + n0[r]).tolist())
+        rates[r, :k] = _pava(rates[r, :k].tolist(), (n[r, :k] + n0[r]).tolist())
     return edges, rates, counts
+
+
+def _pava(values: list[float], weights: list[float]) -> list[float]:
+    """``policies.pava``, the same pools and the same float operations, on parallel lists (fewer objects)."""
+    means: list[float] = []
+    pooled: list[float] = []
+    sizes: list[int] = []
+    for v, w in zip(values, weights):
+        means.append(v)
+        pooled.append(w)
+        sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            m2, w2, n2 = means.pop(), pooled.pop(), sizes.pop()
+            m1, w1 = means[-1], pooled[-1]
+            means[-1] = (m1 * w1 + m2 * w2) / (w1 + w2)
+            pooled[-1] = w1 + w2
+            sizes[-1] += n2
+    out: list[float] = []
+    for m, n in zip(means, sizes):
+        out.extend([m] * n)
+    return out
 
 
 def lookup_bins(edges: np.ndarray, rates: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -227,37 +248,39 @@ def _operator(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray,
 
 
 def value_tables(lam: np.ndarray, a: np.ndarray, m: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """``policies._bellman`` per row and rate: ``W_0 .. W_kmax`` ``[points, rows, kmax + 1, 65]`` at rate
+    """``policies._bellman`` per row and rate: ``W_0 .. W_kmax`` ``[kmax + 1, points, rows, 65]`` at rate
     ``lam[p, r]`` (``W_0`` at ``S = 1`` only, ``nan`` elsewhere: see :func:`expectation_ops`).
 
     ``a`` ``[rows, 2, 65]``, ``m`` ``[rows, 2, 65, 65]`` (class 0 for ``W_0``, class 1 above), ``steps``
     ``[rows, kmax]`` the costs ``c + V(i + 1) - V(i)``. The same operations in the same order: per
     level ``(M @ W_{i+1}) + a``, minus ``lam * step_i``, floored at 0; the batched matrix-vector
-    products are the single ones, row by row (numpy hands each to BLAS's gemv).
+    products are the single ones, row by row (numpy hands each to BLAS's gemv). Level first, so that
+    each level is one contiguous block.
     """
     points, rows = lam.shape
     kmax = steps.shape[1]
-    tables = np.empty((points, rows, kmax + 1, G))
-    tables[:, :, kmax] = 0.0
+    tables = np.empty((kmax + 1, points, rows, G))
+    tables[kmax] = 0.0
     cost = lam[:, :, None] * steps[None]                # lam * step_i, one product each
     for i in range(kmax - 1, -1, -1):
         c = 0 if i == 0 else 1
-        w = tables[:, :, i]
+        w = tables[i]
         if i == kmax - 1:
             np.add(a[None, :, c], 0.0, out=w)
         else:
             for p in range(points):
-                np.matmul(m[:, c], tables[p, :, i + 1, :, None], out=w[p, :, :, None])
+                np.matmul(m[:, c], tables[i + 1, p, :, :, None], out=w[p, :, :, None])
             w += a[None, :, c]
         w -= cost[:, :, i, None]
         np.maximum(w, 0.0, out=w)
-    tables[:, :, 0, :-1] = np.nan       # W_0 is made at S = 1 only (see expectation_ops)
+    tables[0, :, :, :-1] = np.nan       # W_0 is made at S = 1 only (see expectation_ops)
     return tables
 
 
 def excess(lam: np.ndarray, tables: np.ndarray) -> np.ndarray:
-    """``1 - lam + W_0(1; lam)``: the best round's ``E[N] - lam E[C]`` (``optimal_rate``'s ``excess``)."""
-    return 1.0 - lam + tables[..., 0, -1]
+    """``1 - lam + W_0(1; lam)``: the best round's ``E[N] - lam E[C]`` (``optimal_rate``'s ``excess``), from
+    :func:`value_tables`' tables."""
+    return 1.0 - lam + tables[0, ..., -1]
 
 
 def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.ndarray, slope: np.ndarray,
@@ -315,7 +338,7 @@ def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.nda
             e = excess(x, t)
             for p in range(x.shape[0]):
                 got = ~np.isnan(x[p])
-                found.append((which[got], x[p, got], t[p, got]))
+                found.append((which[got], x[p, got], t[:, p, got]))
             column = np.full((2, rows, x.shape[0]), np.nan)
             column[0, which] = x.T
             column[1, which] = e.T
@@ -339,7 +362,7 @@ def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.nda
     tables = np.zeros((rows, kmax + 1, G))
     for which, x, t in found:
         hit = x == lam[which]
-        tables[which[hit]] = t[hit]
+        tables[which[hit]] = np.moveaxis(t[:, hit], 0, 1)
     return lam, tables, _slope(known_x, known_e, slope)
 
 
@@ -355,32 +378,23 @@ def _walk(known_x: np.ndarray, known_e: np.ndarray, estimate: np.ndarray, has_gu
     (``nan`` for none).
     """
     rows = len(estimate)
+    any_known = known_x.shape[1] > 0
     pos_known = known_e > 0                         # nan (no point) compares False
-    top_pos = np.where(pos_known, known_x, -np.inf).max(1, initial=-np.inf)
-    bottom_neg = np.where(~np.isnan(known_x) & ~pos_known, known_x, np.inf).min(1, initial=np.inf)
-    sure_below = top_pos - margin                   # at or below: positive, settled by the largest positive
-    sure_above = bottom_neg + margin
-    y1 = np.full(rows, -np.inf)
-    y2 = np.full(rows, -np.inf)
-    z1 = np.full(rows, np.inf)
-    z2 = np.full(rows, np.inf)
-    first_open = np.full(rows, np.nan)
+    sure_below = np.where(pos_known, known_x, -np.inf).max(1, initial=-np.inf) - margin
+    sure_above = np.where(~np.isnan(known_x) & ~pos_known, known_x, np.inf).min(1, initial=np.inf) + margin
+    seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []     # (point, positive, estimated) per decision
 
     def decide(x: np.ndarray, live: np.ndarray) -> np.ndarray:
+        guessed = x < estimate
+        if not any_known:
+            seen.append((x, guessed, live))
+            return guessed
         same = known_x == x[:, None]
         exact = same.any(1)
         sure_pos = x <= sure_below
         sure_neg = x >= sure_above
-        positive = np.where(exact, (same & pos_known).any(1), sure_pos | (~sure_neg & (x < estimate)))
-        open_ = live & ~exact & ~sure_pos & ~sure_neg
-        if open_.any():
-            up, down = open_ & positive, open_ & ~positive
-            y2[:] = np.where(up & (x > y1), y1, np.where(up & (x > y2), x, y2))
-            y1[:] = np.where(up & (x > y1), x, y1)
-            z2[:] = np.where(down & (x < z1), z1, np.where(down & (x < z2), x, z2))
-            z1[:] = np.where(down & (x < z1), x, z1)
-            fresh = open_ & np.isnan(first_open)
-            first_open[fresh] = x[fresh]
+        positive = np.where(exact, (same & pos_known).any(1), sure_pos | (~sure_neg & guessed))
+        seen.append((x, positive, live & ~(exact | sure_pos | sure_neg)))
         return positive
 
     lo = np.ones(rows)
@@ -398,14 +412,22 @@ def _walk(known_x: np.ndarray, known_e: np.ndarray, estimate: np.ndarray, has_gu
     while going.any():
         mid = 0.5 * (lo + hi)
         up = decide(mid, going)
-        lo = np.where(going & up, mid, lo)
-        hi = np.where(going & ~up, mid, hi)
+        lo = np.where(up & going, mid, lo)
+        hi = np.where(~up & going, mid, hi)
         going &= hi - lo > tol
+    x, positive, estimated = (np.stack(v) for v in zip(*seen))      # [decisions, rows]
+    below = np.where(estimated & positive, x, -np.inf)
+    above = np.where(estimated & ~positive, x, np.inf)
+    below.sort(axis=0)
+    above.sort(axis=0)
+    first_open = np.where(estimated.any(0), x[np.argmax(estimated, axis=0), np.arange(rows)], np.nan)
 
     def finite(v: np.ndarray) -> np.ndarray:
         return np.where(np.isfinite(v), v, np.nan)
 
-    return lo, np.stack([finite(y1), finite(z1)], axis=1), first_open, finite(y2), finite(z2)
+    return (lo, np.stack([finite(below[-1]), finite(above[0])], axis=1), first_open,
+            finite(below[-2]) if len(seen) > 1 else np.full(rows, np.nan),
+            finite(above[1]) if len(seen) > 1 else np.full(rows, np.nan))
 
 
 def _estimate(known_x: np.ndarray, known_e: np.ndarray, previous: np.ndarray, slope: np.ndarray) -> np.ndarray:

@@ -370,9 +370,29 @@ def _run(st: _Rows, recs: _Recordings, sequences: np.ndarray, log: _Log | None) 
         if log is not None:
             log.add(live, pos, accepted, submitted, drafted)
         s[live] = pos + step
-        done = live[(s[live] >= recs.max_new[r]) | ended]
+        finished = (s[live] >= recs.max_new[r]) | ended
+        # a row that did not draft because not even a first draft pays makes the same empty round (its plan,
+        # its S_0 = 1 and so that decision unchanged; no step verified) until its next forced draft, its
+        # text's end token or its budget: those rounds at once
+        idle = np.flatnonzero(~exploring & (capk > 0) & (drafted == 0) & ~finished & st.plan_valid[live])
+        if idle.size:
+            row, start = live[idle], s[live[idle]]
+            gap = np.where(st.explore[row] > 0, st.explore_after[row] - st.idle[row], recs.max_new[r[idle]])
+            to_end = recs.next_eos[recs.offset[r[idle]] + start] - start + 1
+            count = np.maximum(np.minimum(np.minimum(gap, to_end), recs.max_new[r[idle]] - start), 0)
+            if log is not None and count.any():
+                each = np.repeat(np.arange(idle.size), count)
+                at_pos = start[each] + np.arange(each.size) - np.repeat(np.cumsum(count) - count, count)
+                zero = np.zeros(each.size, dtype=np.int64)
+                log.add(row[each], at_pos, zero, zero, zero)
+            st.idle[row] += count
+            s[row] = start + count
+            hit = (count > 0) & (count == to_end)
+            ended[idle] |= hit
+            finished[idle] |= hit | (s[row] >= recs.max_new[r[idle]])
+        done = live[finished]
         final[done] = s[done]
-        ended_last[done] = ended[(s[live] >= recs.max_new[r]) | ended]
+        ended_last[done] = ended[finished]
         at[done] += 1
         nxt = np.where(at[done] < sequences.shape[1], sequences[done, np.minimum(at[done], sequences.shape[1] - 1)], -1)
         rec[done] = nxt

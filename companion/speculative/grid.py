@@ -1,21 +1,23 @@
 """Every policy replayed under many cost models, against the oracle: the comparison, the grid rows, their sentences."""
 from __future__ import annotations
 
+import gc
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from companion.speculative.calibrated_replay import replay_warmed
 from companion.speculative.compare import CALIBRATED, PolicyComparison, RatioEstimate, builtin_policies, display_name
 from companion.speculative.costs import CostModel
 from companion.speculative.decoder import SpeculativeResult
 from companion.speculative.oracle import _check_costs, oracle_results
-from companion.speculative.calibrated_replay import replay_warmed
 from companion.speculative.policies import Policy, parse_policy
 from companion.speculative.policy_replay import replay
 from companion.speculative.recording import RecordedChains, _check_chains
@@ -59,7 +61,8 @@ def replay_comparison(
     """
     names = _check_comparison(eval_chains, calibration_chains, [costs], builtins)
     runs = _calibrated_runs(eval_chains, calibration_chains, [costs], calibrated, cold, fast)[0]
-    return _comparison(eval_chains, costs, names, replayed, runs, fast)
+    with _collector_paused(fast):
+        return _comparison(eval_chains, costs, names, replayed, runs, fast)
 
 
 def _check_comparison(eval_chains: Sequence[RecordedChains], calibration_chains: Sequence[RecordedChains],
@@ -316,9 +319,24 @@ def _grid_rows(job: tuple, points: Sequence[tuple[str, CostModel]]) -> list[Grid
     cost_models = [costs for _, costs in points]
     _check_comparison(eval_chains, calibration_chains, cost_models, names)
     runs = _calibrated_runs(eval_chains, calibration_chains, cost_models, calibrated, False, fast)
-    return [grid_row(_comparison(eval_chains, costs, names, replayed, rows, fast), shape, default=default,
-                     n_boot=n_boot, seed=seed)
-            for (shape, costs), rows in zip(points, runs)]
+    with _collector_paused(fast):
+        return [grid_row(_comparison(eval_chains, costs, names, replayed, rows, fast), shape, default=default,
+                         n_boot=n_boot, seed=seed)
+                for (shape, costs), rows in zip(points, runs)]
+
+
+@contextmanager
+def _collector_paused(pause: bool) -> Iterator[None]:
+    """Python's cyclic garbage collector off (when ``pause``) while the comparisons' results are made: some
+    10^4 small lists per cost model and no cycle, for which the collector would rescan the whole heap."""
+    collecting = pause and gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def ratio_outcome(est: RatioEstimate) -> str:
