@@ -418,6 +418,29 @@ def _same_rows(a: list[GridRow], b: list[GridRow]) -> bool:
     return [key(r) for r in a] == [key(r) for r in b]
 
 
+def test_the_fast_grid_is_the_reference_grid_field_for_field(pair):
+    """replay_grid's array paths (the built-ins, the oracle, every calibrated rule of the chapter on every
+    recording at once) against fast=False, which drives every policy call by call: the same rows field for
+    field on the pair's recordings, under cost models where the rules draft much, little and never; and the
+    comparison with its cold row the same rounds."""
+    _, _, _, recs = pair
+    gentle = (1.0,) + tuple(1.0 + 0.02 * k for k in range(1, 41))
+    grid = [("flat", CostModel(c=0.02, verify=(1.0,))), ("gentle", CostModel(c=0.2, verify=gentle)),
+            ("cpu", CostModel(c=0.36, verify=(1.0, 1.4, 1.45))), ("cpu", CostModel(c=1.0, verify=(1.0, 1.4, 1.45)))]
+    builtins = ["constant:0", "constant:2", "confidence:0.4", "heuristic"]
+    fast = replay_grid(recs[:3], recs[3:], grid, builtins=builtins, n_boot=200)
+    assert _same_rows(fast, replay_grid(recs[:3], recs[3:], grid, builtins=builtins, n_boot=200, fast=False))
+    for _, costs in grid[:2]:
+        a = replay_comparison(recs[:3], recs[3:], costs, builtins=builtins)
+        b = replay_comparison(recs[:3], recs[3:], costs, builtins=builtins, fast=False)
+        assert a.policies == b.policies
+        for name in b.policies:
+            for i, (x, y) in enumerate(zip(a.results[name], b.results[name])):
+                assert not same_rounds(x, y), f"{name} on prompt {i}: {same_rounds(x, y)}"
+            # every field, tokens per second (nan: a replay has no clock) included
+            assert repr(a.summary(name)) == repr(b.summary(name)), name
+
+
 def test_grid_in_worker_processes_and_in_the_background_gives_the_same_rows(pair, monkeypatch, capsys):
     """replay_grid(processes=2) and submit_replay_grid give the rows computed here, in the grid's
     order; workers that cannot start are said in one line and the rows computed here; bad

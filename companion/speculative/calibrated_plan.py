@@ -42,6 +42,10 @@ _LEFT_RK = np.clip(np.floor(_POS).astype(int), 0, G - 2)
 _FRAC_RK = _POS - _LEFT_RK
 _COEF_LEFT_RK = 1 - _FRAC_RK
 _ROW_BASE = np.arange(G) * G
+# per side (the (1 - frac) term at left, the frac term at left + 1), support value k and grid row r: the
+# flat index of the entry in its law's 65 x 65 operator, and the coefficient its weight multiplies
+_INDEX_SKR = np.stack([_ROW_BASE[:, None] + _LEFT_RK, _ROW_BASE[:, None] + _LEFT_RK + 1]).transpose(0, 2, 1).copy()
+_COEF_SKR = np.stack([_COEF_LEFT_RK, _FRAC_RK]).transpose(0, 2, 1).copy()
 
 _LEVELS: dict[int, np.ndarray] = {}
 
@@ -238,11 +242,10 @@ def _operator(kk: np.ndarray, w: np.ndarray, n: np.ndarray) -> tuple[np.ndarray,
     rows, width = kk.shape
     # grid row first, support point last: [65, rows, J], each gathered from the [r, k] tables
     a = row_sums((_S_NEXT_RK[:, kk] * w).reshape(-1, width), np.broadcast_to(n, (G, rows)).reshape(-1))
-    # one bin per (row, grid row, column); for a fixed bin its terms come side by side, then by
-    # support point, as _expectation's flat arrays give them
-    left = _LEFT_RK[:, kk] + (np.arange(rows) * (G * G))[None, :, None] + _ROW_BASE[:, None, None]
-    index = np.stack([left, left + 1], axis=2)                                   # [65, rows, side, J]
-    weights = np.stack([_COEF_LEFT_RK[:, kk] * w, _FRAC_RK[:, kk] * w], axis=2)
+    # [side, rows, J, 65]: for a fixed entry (row, grid row, column) its terms come side by side, then by
+    # support point, as _expectation's flat arrays give them to its bincount
+    index = _INDEX_SKR[:, kk] + (np.arange(rows) * (G * G))[None, :, None, None]
+    weights = _COEF_SKR[:, kk] * w[None, :, :, None]
     m = np.bincount(index.reshape(-1), weights=weights.reshape(-1), minlength=rows * G * G)
     return a.reshape(G, rows).T, m.reshape(rows, G, G)
 

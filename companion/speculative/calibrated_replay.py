@@ -126,6 +126,8 @@ class _Rows:
 
     def take(self, rows: np.ndarray) -> _Rows:
         """A copy of rows ``rows`` (repeats allowed): the same states, to be replayed on separately."""
+        for name, count in (("score", self.nd), ("acc", self.nd), ("first", self.nd), ("kls", self.nk)):
+            setattr(self, name, getattr(self, name)[:, :max(int(count.max(initial=0)), 1)])   # the used part only
         out = object.__new__(_Rows)
         for name, value in vars(self).items():
             setattr(out, name, value[rows] if isinstance(value, np.ndarray) else value)

@@ -118,7 +118,7 @@ def _comparison(eval_chains: Sequence[RecordedChains], costs: CostModel, names: 
                 replayed: dict[str, list[SpeculativeResult]] | None, calibrated: dict[str, list[SpeculativeResult]],
                 fast: bool) -> PolicyComparison:
     """The comparison of :func:`replay_comparison` from its calibrated rows: the built-ins first, then
-    those rows, then the oracle; every row's prompt costs worked out once, for all its runs together."""
+    those rows, then the oracle; with ``fast``, every row's prompt costs worked out for all its runs together."""
     results: dict[str, list[SpeculativeResult]] = {}
     for spec in names:
         runs = (replayed or {}).get(spec)
@@ -129,9 +129,10 @@ def _comparison(eval_chains: Sequence[RecordedChains], costs: CostModel, names: 
     failures = [f"{name} on prompt {i}" for name, runs in results.items() for i, r in enumerate(runs)
                 if not torch.equal(r.tokens, reference[i])]
     comparison = PolicyComparison(results, names, costs, costs, failures)
-    for name, runs in results.items():
-        # what PolicyComparison.prompt_costs keeps per row, made here for all runs at once
-        comparison._priced[name] = (runs, len(runs), costs, prompt_costs(runs, costs))
+    if fast:
+        for name, runs in results.items():
+            # what PolicyComparison.prompt_costs keeps per row, made here for all runs at once
+            comparison._priced[name] = (runs, len(runs), costs, prompt_costs(runs, costs))
     return comparison
 
 
@@ -231,10 +232,12 @@ def replay_grid(
     :func:`grid_builtins`) replayed once, the calibrated rules recalibrated for each cost model.
 
     ``processes``: 0 computes every row here; ``N >= 1`` hands the cost models to ``N`` worker
-    processes (started fresh, one thread each; at most one per cost model). Each row is a function
-    of its cost model alone (its bootstrap is seeded with ``seed``), so the rows are the same
-    either way. Workers that cannot start or that die are reported in one line, and the rows are
-    then computed here. ``fast``: as :func:`replay_comparison`'s.
+    processes (started fresh, one thread each; at most one per cost model), each a run of
+    consecutive cost models. Each row is a function of its cost model alone (its bootstrap is
+    seeded with ``seed``), so the rows are the same either way. Workers that cannot start or that
+    die are reported in one line, and the rows are then computed here. ``fast``: as
+    :func:`replay_comparison`'s; the calibrated rules of all the cost models a process computes are
+    replayed together, every rule on every recording at once.
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
         raise ValueError(f"processes must be an integer >= 0, got {processes!r}")

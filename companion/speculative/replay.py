@@ -35,8 +35,11 @@ The code lives in sibling modules, by concern: :mod:`companion.speculative.recor
 recording), :mod:`companion.speculative.policy_replay` (:func:`replay`),
 :mod:`companion.speculative.replay_fast` (its array path for the built-ins, and the oracle's),
 :mod:`companion.speculative.oracle` (the dynamic programme) and :mod:`companion.speculative.grid`
-(the comparison from recordings, the cost-model grid and its sentences). Every name is importable
-from here, as before.
+(the comparison from recordings, the cost-model grid and its sentences); the comparison replays
+the calibrated rules on every recording at once with ``companion.speculative.calibrated_replay``
+(the rounds), ``companion.speculative.calibrated_plan`` (the rule's refresh: calibration, laws,
+rate, value tables) and ``companion.speculative.batched_numpy`` (numpy's sums, interpolation and
+quantiles for many rows, bit for bit). Every name is importable from here, as before.
 """
 from __future__ import annotations
 
