@@ -47,7 +47,7 @@ Measured on the 2-core machine of issue 47 with the defaults (36 recordings, 4,5
 against 0.128 s (8.7x), oracle 3.286 s against 0.290 s (11.3x), grid 21.679 s against 4.179 s
 (5.2x), grid at 4c469c7 24.633 s against this tree's 3.611 s (6.8x), ``_steps`` 0.168 s against
 0.040 s (4.1x); every section the same results. With ``--prompts 12 --grid 4`` the grid's ratios are
-smaller (2.2x in this process, 2.9x against 4c469c7): the calibrated rules' warm-up, some 460 rounds
+smaller (2.2x in this process, 3.1x against 4c469c7): the calibrated rules' warm-up, some 460 rounds
 replayed in turn, costs about as much for 4 cost models as for 18.
 """
 from __future__ import annotations
