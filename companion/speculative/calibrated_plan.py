@@ -69,7 +69,7 @@ def bin_tables(scores: np.ndarray, accepted: np.ndarray, first: np.ndarray, nd: 
     ``[rows, E]``: the row's inner quantile edges (``np.unique(np.quantile(u, levels))``), then
     ``+inf``; ``rates`` ``[rows, E + 1]``: the rate of each bin; ``counts`` ``[rows, 2, E + 1]``: the
     steps in each bin that were a round's first draft, and the others (what the survival laws
-    count). Past a row's own bins the rates are ``prior`` and the counts 0. Bin ``b`` holds the
+    count). Past a row's own bins no step counts and the rates are ``n0 prior / n0``. Bin ``b`` holds the
     scores ``u`` with ``edges[b - 1] <= u < edges[b]`` (``searchsorted(edges, u, side="right")``),
     counted from the sorted scores; the counts are the policy's bincounts (whole numbers).
     """
@@ -301,7 +301,9 @@ def optimal_rates(a: np.ndarray, m: np.ndarray, steps: np.ndarray, guess: np.nda
     step_size = np.abs(steps).max(1)
     sigma = np.minimum(1.0, 1.0 + steps[:, 0]) * (1 - 1e-9)
     eps = 1e-11 * kmax * (80.0 + top * step_size)
-    margin = np.where(sigma > 0, 2 * eps / np.maximum(sigma, 1e-300), np.inf)
+    # monotonicity needs every later step to cost >= 0 (c, dv >= 0); a row without it settles nothing by it
+    sure = (sigma > 0) & (steps[:, 1:] >= 0).all(1)
+    margin = np.where(sure, 2 * eps / np.maximum(sigma, 1e-300), np.inf)
     has_guess = ~np.isnan(guess)
     known_x = np.full((rows, 0), np.nan)
     known_e = np.full((rows, 0), np.nan)
