@@ -81,15 +81,13 @@ from typing import Any
 
 from companion import atomic
 from companion.assets import CHAT_REQUESTS_DIR
-from companion.prompts import Prompt, dumps_prompts
+from companion.prompts import MIN_TOKENS, Prompt, dumps_prompts, templated
 
 #: The kinds of request, in the order the set lists them.
 KINDS: tuple[str, ...] = ("writing", "open-question", "explanation", "advice", "arithmetic", "code",
                           "summarise", "extract", "translation", "rewriting", "roleplay")
 #: Requests written per kind.
 PER_KIND = 60
-#: The paper's selection rule: at least this many prompt tokens once chat-templated.
-MIN_TOKENS = 64
 # The requests as data: kinds, shared passages, and every request (id, kind, group, text) in order.
 REQUESTS_FILE: Path = CHAT_REQUESTS_DIR / "requests.json"
 # The committed prompt file (every request, both splits, SmolLM2's template).
@@ -233,18 +231,6 @@ def default_subset(requests: Sequence[ChatRequest], n: int, seed: int = 0) -> li
 # ---------------------------------------------------------------------------------------------
 # Templating and the committed asset
 # ---------------------------------------------------------------------------------------------
-
-def templated(tokenizer: Any, text: str) -> str:
-    """``text`` as one user turn in the tokenizer's chat template, with the generation prompt.
-
-    The same call as the UltraChat presets' ``chat_prompt`` (SmolLM2's template adds its default
-    system turn; models without thinking ignore ``enable_thinking``).
-    """
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("tokenizer must have a chat template (a chat model's tokenizer), got one without")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True, enable_thinking=False)
-
 
 def build_prompt_set(tokenizer: Any, requests: Sequence[ChatRequest]) -> list[Prompt]:
     """The prompts of ``requests`` in order: templated text, its token count, ``source`` = kind and split.

@@ -46,6 +46,10 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 RECORD_FIELDS = "'text' (a non-empty string; optional: 'prompt_id', 'n_tokens', 'source', 'line')"
 
 
+#: The paper's selection rule: at least this many prompt tokens once chat-templated.
+MIN_TOKENS = 64
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One prompt: id, text, its token count in the set's tokenizer (-1: unknown), and where it comes from."""
@@ -166,3 +170,15 @@ def request_kind(prompt: Prompt) -> str | None:
     if parts[0] == "stdlib-requests" and len(parts) >= 3:
         return f"stdlib-{parts[2]}"
     return None
+
+
+def templated(tokenizer: Any, text: str) -> str:
+    """``text`` as one user turn in the tokenizer's chat template, with the generation prompt.
+
+    The same call as the UltraChat presets' ``chat_prompt`` (SmolLM2's template adds its default
+    system turn; models without thinking ignore ``enable_thinking``).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("tokenizer must have a chat template (a chat model's tokenizer), got one without")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True, enable_thinking=False)

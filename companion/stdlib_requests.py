@@ -21,7 +21,7 @@ running Python (a different version gives different docstrings: a new family, to
 purpose); ``--tokenizer DIR`` writes the prompt file in that tokenizer's chat template.
 
 **The 64-token rule** of the paper's selection holds for every request in SmolLM2's and
-Qwen2.5's templates (:func:`companion.chat_requests.build_prompt_set` refuses shorter ones).
+Qwen2.5's templates (:func:`build_prompt_set` refuses shorter ones).
 
 **How it differs from UltraChat.** Every request is a code task about a documented function,
 with the documentation in the prompt: a narrower and more technical mix than UltraChat's first
@@ -46,7 +46,7 @@ from typing import Any
 
 from companion import atomic
 from companion.assets import STDLIB_REQUESTS_DIR
-from companion.prompts import Prompt, dumps_prompts
+from companion.prompts import MIN_TOKENS, Prompt, dumps_prompts, templated
 
 #: The modules scanned, in this order (pure functions with documentation a short example can use).
 MODULES: tuple[str, ...] = (
@@ -250,8 +250,6 @@ def requests_document(requests: Sequence[StdlibRequest]) -> dict[str, Any]:
 
 def build_prompt_set(tokenizer: Any, requests: Sequence[StdlibRequest]) -> list[Prompt]:
     """The prompts of ``requests`` in the tokenizer's chat template (``source`` = family, module and task)."""
-    from companion.chat_requests import MIN_TOKENS, templated
-
     prompts = []
     for i, r in enumerate(requests):
         text = templated(tokenizer, r.text)
