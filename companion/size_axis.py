@@ -69,6 +69,7 @@ STATISTICS: tuple[Statistic, ...] = (
     Statistic(column("tree_cert", 8, "forward"), "p5", "tree certificates", "tree m = 8, 5th percentile"),
     Statistic("top10_mass", "p5", "top-10 mass", "top-10 mass, 5th percentile"),
 )
+#: The families of :data:`STATISTICS`, in order: one figure each.
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(s.family for s in STATISTICS))
 
 #: Where :data:`REPORTED` comes from (second-hand: the paper's full text is not public to us).
