@@ -50,6 +50,8 @@ def size_figure(points: Sequence[S.SizePoint], family: str, *, reported: bool = 
             ax.axvline(size, color="#999999", lw=0.8, ls=":")
             ax.annotate(f"{name}\n(reported)", (size, 1), xycoords=("data", "axes fraction"), xytext=(0, -3),
                         textcoords="offset points", ha="center", va="top", fontsize=LEGEND_SIZE - 1, color="#666666")
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + 0.18 * (hi - lo))  # headroom for the reported models' labels at the top
     ax.set_xscale("log")
     ax.set_xlim(min(xs + [s for _, s in S.REPORTED_MODELS]) / 1.8, max(xs + [s for _, s in S.REPORTED_MODELS]) * 1.8)
     ax.set_xlabel("non-embedding parameters (log scale)")
