@@ -271,7 +271,7 @@ CASES = [
      "companion harvest: tokenizers differ: target '{t}' has 258 tokens, drafter '{other_drafter}' has 259; "
      + VOCAB_RULE, None),
     ("prompts-missing", ["harvest", "--out", "{work}/out", "--target", "{t}", "--prompts", "{work}/nope.jsonl"],
-     "companion harvest: --prompts {work}/nope.jsonl: no such file (nor a prompt set name: chat-requests, chat-requests-train, default)", None),
+     "companion harvest: --prompts {work}/nope.jsonl: no such file (nor a prompt set name: chat-and-stdlib, chat-requests, chat-requests-train, default, stdlib-requests)", None),
     ("prompts-malformed", ["harvest", "--out", "{work}/out", "--target", "{t}", "--prompts", "{work}/bad.jsonl"],
      "companion harvest: {work}/bad.jsonl:2: not valid JSON (Expecting value at column 1); each line must be one "
      "JSON object with " + FIELDS, _write("bad.jsonl", b'{"text": "a"}\nnot json\n')),
