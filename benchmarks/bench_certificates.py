@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from companion import certificate, certificates
-from companion.criteria import PAPER_CRITERIA
-from companion.summary import DEFAULT_TOP, summarize
+from companion.certify.criteria import PAPER_CRITERIA
+from companion.certify.summary import DEFAULT_TOP, summarize
 
 CRITERIA = list(PAPER_CRITERIA)
 
@@ -113,7 +113,7 @@ def ratio_table(logits: torch.Tensor, repeats: int, title: str, *, from_logits: 
 
 
 def oracle_speedup(vocab: int = 1000, rows: int = 256) -> None:
-    from companion.oracle import brute_force_cost, rejected_tokens
+    from companion.certify.oracle import brute_force_cost, rejected_tokens
 
     logits = lm_like_logits(rows, vocab, seed=3).double()
     p = torch.softmax(logits, -1)

@@ -8,7 +8,7 @@ Run from the repository root, on the answers of a ``companion build-drafter`` ru
 
 Every pair of a size ``n`` (``--sizes``) and a step count ``s`` (``--steps``; default: the
 recipe's own number of steps on all the training answers) trains the default recipe
-(:class:`companion.distill.config.DrafterConfig`) from scratch on the first ``n`` training
+(:class:`companion.models.distill.config.DrafterConfig`) from scratch on the first ``n`` training
 answers, for as many epochs as come nearest to ``s`` steps, and measures, on the validation
 answers the build holds out (the last tenth of the training split):
 
@@ -44,12 +44,12 @@ def run_one(answers: str, n: int, steps: int) -> dict:
 
     import torch
 
-    from companion.distill.build import split_validation
-    from companion.distill.config import DrafterConfig
-    from companion.distill.data import load_examples
-    from companion.distill.train import agreement, make_drafter, train
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
+    from companion.models.distill.build import split_validation
+    from companion.models.distill.config import DrafterConfig
+    from companion.models.distill.data import load_examples
+    from companion.models.distill.train import agreement, make_drafter, train
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
 
     torch.set_num_threads(1)
     prompts = load_prompts("chat-requests-train")
@@ -99,9 +99,9 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args()
 
-    from companion.distill.build import split_validation
-    from companion.distill.config import DrafterConfig
-    from companion.prompts import load_prompts
+    from companion.models.distill.build import split_validation
+    from companion.models.distill.config import DrafterConfig
+    from companion.prompts.sets import load_prompts
 
     answers = Path(args.answers)
     manifest_path = answers / "manifest.json"

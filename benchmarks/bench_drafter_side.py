@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from companion.criteria import PAPER_CRITERIA
-from companion.drafter_side import drafter_certificate
+from companion.certify.criteria import PAPER_CRITERIA
+from companion.drafter.certificates import drafter_certificate
 
 
 def lm_like_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:

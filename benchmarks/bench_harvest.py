@@ -69,7 +69,7 @@ def overhead(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from companion.criteria import PAPER_CRITERIA
+    from companion.certify.criteria import PAPER_CRITERIA
     from companion.harvest.decode import decode_batch
     from companion.harvest.shapes import random_qwen3
     from companion.harvest.stats import StepStatistics

@@ -46,8 +46,8 @@ def main() -> int:
     import torch
 
     from companion.harvest import harvest
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
 
     torch.set_num_threads(args.threads)
     target, _, tok = load_pair(args.preset, False, device="cpu")

@@ -75,7 +75,7 @@ def held_out_openings(n: int, chars: int = 240, stride: int = 1200) -> list[str]
     """``n`` plain-ASCII windows of ``chars`` characters from the held-out standard-library files: every
     file's opening first, then the windows ``stride`` characters further on, and so on (the embedded
     pair continues Python source for as long as it is asked: long greedy texts)."""
-    from companion.tiny_pair import corpus as corpus_mod
+    from companion.models.tiny_pair import corpus as corpus_mod
 
     _, held = corpus_mod.split_corpus(corpus_mod.load_corpus(None))
     texts: list[str] = []
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from companion.models import load_pair
+    from companion.models.loading import load_pair
     from companion.speculative import CostModel, oracle_result, record_many, replay, replay_grid
     from companion.speculative.replay import _steps, _steps_float64, grid_builtins
 

@@ -37,9 +37,9 @@ def main() -> int:
 
     import torch
 
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
-    from companion.tiny_pair.evaluate import assisted_acceptance
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
+    from companion.models.tiny_pair.evaluate import assisted_acceptance
 
     torch.set_num_threads(1)
     target, drafter, tok = load_pair("smollm2", device="cpu", dtype="float32")

@@ -37,8 +37,8 @@ import time
 import numpy as np
 import torch
 
-from companion.models import load_pair
-from companion.prompts import load_prompts
+from companion.models.loading import load_pair
+from companion.prompts.sets import load_prompts
 from companion.speculative import (
     DEFAULTS,
     CostModel,

@@ -38,11 +38,11 @@ def main() -> int:
 
     import torch
 
-    from companion.chat_requests import retemplated
+    from companion.prompts.families import retemplated
     from companion.harvest import load_traces
     from companion.harvest.core import harvest
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
     from companion.speculative.harvest_rounds import compare_runs, harvest_rows_by_prompt
     from companion.speculative.hf import hf_assisted_generate
 

@@ -6,10 +6,10 @@ per-criterion verdict on a drafter (:func:`certified`) and certificates from a s
 logprobs (:func:`certificates_from_logprobs`) are importable from the top level. Certificates
 are the worst case over tie-breaks by default (``ties="worst"``, sound for every decoder that
 breaks exact ties in a fixed way, as ``argmax`` does; :data:`TIES`); bounds,
-certified runs and the stochastic contrast live in ``companion.bounds``, ``companion.runs`` and
-``companion.stochastic``.
+certified runs and the stochastic contrast live in ``companion.certify.bounds``, ``companion.certify.runs`` and
+``companion.certify.stochastic``.
 """
-from companion.kl_certificates import (
+from companion.certify.certificates import (
     certificate,
     certificates,
     kl_divergence,
@@ -18,7 +18,7 @@ from companion.kl_certificates import (
     tree_witness,
     witness,
 )
-from companion.criteria import (
+from companion.certify.criteria import (
     PAPER_CRITERIA,
     TIES,
     AdditiveRelaxed,
@@ -32,8 +32,8 @@ from companion.criteria import (
     parse_criteria,
     parse_criterion,
 )
-from companion.server_logprobs import LogprobCertificate, certificates_from_logprobs
-from companion.verdicts import Certification, Certifications, certified
+from companion.certify.server_logprobs import LogprobCertificate, certificates_from_logprobs
+from companion.certify.verdicts import Certification, Certifications, certified
 
 __version__ = "0.1.0"
 

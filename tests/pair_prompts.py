@@ -8,8 +8,8 @@ greedy text ends with the end-of-turn token.
 """
 from __future__ import annotations
 
-from companion.prompts import load_prompts
-from companion.tiny_pair import corpus as corpus_mod
+from companion.prompts.sets import load_prompts
+from companion.models.tiny_pair import corpus as corpus_mod
 
 
 def code_prompts(n: int, chars: int = 240) -> list[str]:

@@ -1,4 +1,4 @@
-"""companion.analysis against brute-force loops on small synthetic traces."""
+"""companion.analysis.traces against brute-force loops on small synthetic traces."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from companion import analysis as A
 from companion import certificates, kl_divergence, parse_criterion, tree_certificate
-from companion.criteria import PAPER_CRITERIA, index_rank
+from companion.certify.criteria import PAPER_CRITERIA, index_rank
 from companion.harvest import cache
 from companion.harvest import plan as planning
 
@@ -526,7 +526,7 @@ def test_enlargement_by_bin_brute_force(tr):
 def _with_mars(seed: int = 4) -> tuple[dict, np.ndarray]:
     """Synthetic traces plus mars:0.87 columns computed from logits with a positive offset (so
     that some rows relax): certificates and the decoders' verdict on those logits."""
-    from companion.criteria import Mars
+    from companion.certify.criteria import Mars
 
     traces, raw = synthetic_traces(seed=seed, lengths=(30, 30), noise=0.3)
     p, q = raw["p"], raw["q"]

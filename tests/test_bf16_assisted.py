@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from companion.harvest import harvest, load_traces
-from companion.models import load_pair
+from companion.models.loading import load_pair
 from tests.pair_prompts import code_prompts
 from companion.speculative import hf_assisted_generate
 

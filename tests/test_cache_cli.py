@@ -1,7 +1,7 @@
 """``companion cache``: listing the weights cache and pruning what the code no longer uses.
 
 A fake cache (``COMPANION_CACHE`` in ``tmp_path``) holds folders made by hand with the records
-that :mod:`companion.weights.convert` and :mod:`companion.weights.distilled_drafter` write: no
+that :mod:`companion.models.weights.convert` and :mod:`companion.models.weights.distilled_drafter` write: no
 model is fetched or converted.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from companion import cli
-from companion.weights import convert
-from companion.weights.cache_cli import current_drafter_name, human_size
-from companion.weights.registry import GgufSource, source
+from companion.models.weights import convert
+from companion.models.weights.cache_cli import current_drafter_name, human_size
+from companion.models.weights.registry import GgufSource, source
 
 SMOL = "smollm2-135m-instruct"
 QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
@@ -208,7 +208,7 @@ def test_a_folder_converted_again_after_the_listing_is_not_deleted(cache) -> Non
     (it takes the model's lock, which prune waits for): prune looks again under the lock."""
     import io
 
-    from companion.weights.cache_cli import prune, survey
+    from companion.models.weights.cache_cli import prune, survey
 
     root, damaged = cache["current model"].parent, cache["damaged"]
     entries = survey(root)

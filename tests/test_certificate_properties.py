@@ -21,7 +21,7 @@ from companion import (
     tree_witness,
     witness,
 )
-from companion.bounds import (
+from companion.certify.bounds import (
     additive_floor,
     greedy_margin_bounds,
     margin_only_bound,
@@ -32,8 +32,8 @@ from companion.bounds import (
     tree_delta_bound,
     two_point_bound,
 )
-from companion.kl_certificates import exact_top_tie
-from companion.targets import random_targets
+from companion.certify.certificates import exact_top_tie
+from companion.certify.targets import random_targets
 
 SPECS = ["greedy", "additive:0.1", "additive:0.3", "multiplicative:0.5", "multiplicative:0.1", "topm:2",
          "topm:3", "topk-delta:2,0.2", "topk-delta:3,0.6", "typical:0.09,0.3", "typical:0.3,0.9"]
@@ -350,7 +350,7 @@ def test_two_point_bound_accurate_at_near_ties() -> None:
 
 
 def test_precomputed_summary_gives_the_same_certificates() -> None:
-    from companion.summary import summarize
+    from companion.certify.summary import summarize
 
     logits = torch.randn(5, 300, dtype=torch.float32) * 3
     s = summarize(logits, from_logits=True, k=64, with_entropy=True)

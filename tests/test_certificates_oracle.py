@@ -2,7 +2,7 @@
 q, several restarts), on 200 random targets per case with V <= 8 (every third with an exact tie):
 every criterion, both divergences, greedy trees of width 1..3, both tie conventions (the default
 worst case over tie-breaks against :mod:`tests.tie_oracle`, ``ties="level-set"`` against
-:mod:`companion.oracle`)."""
+:mod:`companion.certify.oracle`)."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from companion import certificate, tree_certificate
-from companion.oracle import brute_force_tree_certificate, rejected_tokens
-from companion.targets import random_targets
+from companion.certify.oracle import brute_force_tree_certificate, rejected_tokens
+from companion.certify.targets import random_targets
 from tests.conftest import sweep_size
 from tests.tie_oracle import worst_certificate, worst_rejected_tokens, worst_tree_certificate
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion import chat_requests as cr
+from companion.prompts import chat_requests as cr
 from companion.assets import CHAT_REQUESTS_DIR
-from companion.prompts import dumps_prompts, load_prompts
+from companion.prompts.sets import dumps_prompts, load_prompts
 
 REQUESTS = cr.chat_requests()  # requests.json, read and checked once
 HELD = [r for r in REQUESTS if r.split == "heldout"]
@@ -234,7 +234,7 @@ def test_cli_refuses_bad_paths_and_writes_nothing(tmp_path: Path, capsys: pytest
 
 def _smollm2_tokenizer_dir() -> Path:
     """The real loader's converted folder (scripts/setup.sh fetches and converts SmolLM2)."""
-    from companion.weights import ensure_converted
+    from companion.models.weights import ensure_converted
 
     return ensure_converted("smollm2-135m-instruct", progress=False)
 

@@ -8,7 +8,7 @@ import pytest
 import sympy as sp
 import torch
 
-from companion.checks import check_all, check_close, check_identical, check_le
+from companion.book.checks import check_all, check_close, check_identical, check_le
 
 
 def test_check_close_passes_within_tolerance_and_on_equal_infinities() -> None:

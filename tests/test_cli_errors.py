@@ -24,7 +24,7 @@ import torch
 from companion.cli import main
 from companion.harvest import load_traces, read_manifest
 from companion.harvest.toy import byte_tokenizer, save_pair, toy_pair
-from companion.prompts import Prompt, dumps_prompts
+from companion.prompts.sets import Prompt, dumps_prompts
 from tests.conftest import write_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def _pair_folder(change=None, prompts: bytes | None = None):
     """A folder with every part of a pair (the committed manifest, empty model configs), then ``change``
     applied to its manifest (a dict) or ``prompts`` written as its prompts.jsonl."""
     def setup(work: Path, ctx: dict, monkeypatch) -> None:
-        from companion.tiny_pair import ASSET_DIR
+        from companion.models.tiny_pair import ASSET_DIR
 
         pair = work / "pair"
         for part in ("target", "drafter"):
@@ -421,7 +421,7 @@ def test_mistake_is_one_line_exit_2_and_writes_nothing(pair, tmp_path, monkeypat
 
 
 def test_retrain_is_retired_an_unknown_command_in_one_line(tmp_path) -> None:
-    """The closed-world pair is frozen (companion.tiny_pair): `companion retrain`, even with the --out that
+    """The closed-world pair is frozen (companion.models.tiny_pair): `companion retrain`, even with the --out that
     used to end in a FileNotFoundError traceback, is one line on stderr and exit status 2, nothing written."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     for argv in (["retrain", "--shrink", "--out", "/proc/x/y"], ["retrain", "--out", str(tmp_path / "out")]):
@@ -439,12 +439,12 @@ def test_retrain_is_retired_an_unknown_command_in_one_line(tmp_path) -> None:
 
 
 def test_ctrl_c_before_the_harvest_starts(pair, tmp_path, monkeypatch, capsys) -> None:
-    import companion.models
+    import companion.models.loading
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(companion.models, "load_pair", interrupted)
+    monkeypatch.setattr(companion.models.loading, "load_pair", interrupted)
     out = tmp_path / "out"
     code = main(["harvest", "--out", str(out), "--target", str(pair["target"]), "--prompts", str(pair["prompts"])])
     assert (code, capsys.readouterr().err) == (

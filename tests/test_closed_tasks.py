@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.tiny_pair import chat_corpus as cc
-from companion.tiny_pair import closed_tasks as ct
-from companion.tiny_pair import corpus as corpus_mod
-from companion.tiny_pair.tasks_report import answer_is_right, valid_answers
+from companion.models.tiny_pair import chat_corpus as cc
+from companion.models.tiny_pair import closed_tasks as ct
+from companion.models.tiny_pair import corpus as corpus_mod
+from companion.models.tiny_pair.tasks_report import answer_is_right, valid_answers
 
 DAYS, MONTHS = list(calendar.day_name), list(calendar.month_name)[1:]  # oracles independent of the module
 
@@ -63,14 +63,14 @@ def test_closed_is_the_only_task_set_and_the_default(material: cc.Material) -> N
 def committed_tokenizer():
     from transformers import AutoTokenizer
 
-    from companion.tiny_pair import ASSET_DIR
+    from companion.models.tiny_pair import ASSET_DIR
 
     return AutoTokenizer.from_pretrained(ASSET_DIR / "tokenizer")
 
 
 def test_the_committed_template_renders_the_corpus_format(committed_tokenizer, material: cc.Material) -> None:
     """The pair's tokenizer writes a request as the generator does, so a templated prompt is a training prompt."""
-    from companion.tiny_pair.tokenizer import CHAT_TEMPLATE, EOS_TOKEN
+    from companion.models.tiny_pair.tokenizer import CHAT_TEMPLATE, EOS_TOKEN
 
     tok = committed_tokenizer
     assert tok.chat_template == CHAT_TEMPLATE and tok.eos_token == EOS_TOKEN
@@ -99,10 +99,10 @@ def test_the_committed_target_answers_its_held_out_requests_right() -> None:
     each regenerated from its ``line`` and judged against every answer its task allows."""
     import json
 
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
-    from companion.tiny_pair import ASSET_DIR
-    from companion.tiny_pair.tasks_report import greedy_answer, request_of
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
+    from companion.models.tiny_pair import ASSET_DIR
+    from companion.models.tiny_pair.tasks_report import greedy_answer, request_of
 
     seed = json.loads((ASSET_DIR / "manifest.json").read_text())["config"]["seed"]
     target, _, tok = load_pair("closed-world")

@@ -20,7 +20,7 @@ from companion import (
     parse_criteria,
     parse_criterion,
 )
-from companion.oracle import rejected_tokens
+from companion.certify.oracle import rejected_tokens
 
 CANONICAL = ["greedy", "additive:0.3", "multiplicative:0.1", "topm:4", "topk-delta:10,0.6", "typical:0.09,0.3",
              "additive:0", "multiplicative:1", "additive:1e-05", "mars:0.87", "mars:1"]
@@ -171,8 +171,8 @@ def test_worst_within_decoder_within_level_set(ints, spec, from_logits) -> None:
 
 
 def test_order_statistic_and_ties_checks() -> None:
-    from companion.criteria import check_ties, index_rank, order_statistic
-    from companion.summary import summarize
+    from companion.certify.criteria import check_ties, index_rank, order_statistic
+    from companion.certify.summary import summarize
 
     p = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)
     s = summarize(p, k=3)

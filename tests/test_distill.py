@@ -1,4 +1,4 @@
-"""SmolLM2's drafter recipe (companion.distill): the loss, the data, determinism and resume, refusals.
+"""SmolLM2's drafter recipe (companion.models.distill): the loss, the data, determinism and resume, refusals.
 
 The recipe's stages run here on a toy target (seconds); the committed drafter is measured in
 chapter 8 and by `companion build-drafter`."""
@@ -14,11 +14,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from companion import cli
-from companion.distill.config import DrafterConfig, apply_overrides
-from companion.distill.data import harvest_answers, load_examples
-from companion.distill.train import agreement, batch_plan, coarse_kl, make_drafter, train
+from companion.models.distill.config import DrafterConfig, apply_overrides
+from companion.models.distill.data import harvest_answers, load_examples
+from companion.models.distill.train import agreement, batch_plan, coarse_kl, make_drafter, train
 from companion.harvest.toy import byte_tokenizer
-from companion.prompts import Prompt
+from companion.prompts.sets import Prompt
 
 TEXTS = ["def f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n", "import os\nprint(os.sep)\n",
          "class A:\n    pass\n", "x = [1, 2, 3]\ny = sum(x)\n", "while True:\n    break\n"]
@@ -206,7 +206,7 @@ def test_build_drafter_refuses_an_out_that_is_a_file(tmp_path, capsys) -> None:
 
 def test_default_recipe_fits_the_asset_budget() -> None:
     """The committed drafter is at most 25 MB: its own parameters (SmolLM2's layer shape) x bytes of the save dtype."""
-    from companion.distill.config import init_layer_list
+    from companion.models.distill.config import init_layer_list
 
     cfg = DrafterConfig()
     h, f, heads, kv, head_dim = 576, 1536, 9, 3, 64  # SmolLM2-135M-Instruct's config.json
@@ -248,7 +248,7 @@ def test_the_data_benchmark_refuses_a_folder_without_answers_in_one_line(tmp_pat
 
 def test_the_held_out_share_is_the_last_tenth_and_matches_the_committed_build() -> None:
     from companion.assets import SMOLLM2_DRAFTER_DIR
-    from companion.distill.build import split_validation
+    from companion.models.distill.build import split_validation
 
     assert split_validation(list(range(10))) == (list(range(9)), [9])
     assert split_validation([1]) == ([], [1])  # at least one held out

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import certificate, parse_criterion, per_token_cost, tree_certificate
-from companion.drafter_side import (
+from companion.drafter.certificates import (
     drafter_certificate,
     drafter_certificates,
     drafter_soundness,
@@ -29,11 +29,11 @@ from companion.drafter_side import (
     drafter_witness,
     typical_bounds,
 )
-from companion.criteria import Typical
-from companion.oracle import brute_force_drafter_certificate as slsqp_certificate
-from companion.oracle import exhaustive_drafter_typical
-from companion.summary import normalized_probabilities
-from companion.targets import random_targets
+from companion.certify.criteria import Typical
+from companion.certify.oracle import brute_force_drafter_certificate as slsqp_certificate
+from companion.certify.oracle import exhaustive_drafter_typical
+from companion.certify.summary import normalized_probabilities
+from companion.certify.targets import random_targets
 from tests.conftest import sweep_size
 
 SPECS = [
@@ -58,7 +58,7 @@ SPECS = [
 # and thread count; never compare with it more tightly than this.
 RTOL, ATOL = 1e-6, 1e-9
 
-# The oracle: companion.oracle.brute_force_drafter_certificate (SLSQP over the simplex, by branches).
+# The oracle: companion.certify.oracle.brute_force_drafter_certificate (SLSQP over the simplex, by branches).
 
 
 def _oracle_cases(spec: str, n: int, v_max: int = 7) -> list[np.ndarray]:
@@ -564,8 +564,8 @@ def test_soundness_is_not_vacuous() -> None:
 def _teacher_forced_pair(n_prompts: int = 4, length: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     """``(p, q)`` logits of the embedded pair on the same prefixes (teacher forcing on the
     prompts' own text, one forward per model): ``[S, V]`` float32, as a harvest sees them."""
-    from companion.models import load_pair
-    from companion.prompts import load_prompts
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import load_prompts
 
     target, drafter, tok = load_pair("default", device="cpu", dtype=torch.float32)
     ids = [tok(pr.text)["input_ids"][:length] for pr in load_prompts("default")[:n_prompts]]

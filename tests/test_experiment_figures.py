@@ -1,4 +1,4 @@
-"""The experiment figures draw what companion.analysis computes (read back through the artists' gids)."""
+"""The experiment figures draw what companion.analysis.traces computes (read back through the artists' gids)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from companion import analysis as A
-from companion.criteria import PAPER_CRITERIA
+from companion.certify.criteria import PAPER_CRITERIA
 from companion.figures import experiments as E
 from companion.figures import save_figure
 from tests.test_analysis import synthetic_traces

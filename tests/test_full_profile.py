@@ -98,14 +98,14 @@ def test_compare_steps_stops_at_a_near_tie_and_names_what_differs() -> None:
 def test_steps_recomputed_here_agree_with_the_committed_rows(committed, tmp_path) -> None:
     """The default build's first two prompts (a chat request, a standard-library request), 32 steps,
     recomputed by the harvest on this machine, against the committed rows."""
-    from companion.chat_requests import retemplated
+    from companion.prompts.families import retemplated
     from companion.harvest import load_traces
     from companion.harvest.core import harvest
     from companion.harvest.plan import plan_harvest
-    from companion.models import load_pair
-    from companion.prompts import prompt_set_digest
-    from companion.weights import converted_dir, source
-    from companion.weights.convert import cache_is_current
+    from companion.models.loading import load_pair
+    from companion.prompts.sets import prompt_set_digest
+    from companion.models.weights import converted_dir, source
+    from companion.models.weights.convert import cache_is_current
 
     name = "qwen2.5-coder-1.5b-instruct"
     if not cache_is_current(converted_dir(source(name)), source(name)):

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.kl_certificates import _deepest_rejected, _deepest_rejected_probs, certificates
-from companion.summary import entropy_of_rows, summarize, summarize_partial
+from companion.certify.certificates import _deepest_rejected, _deepest_rejected_probs, certificates
+from companion.certify.summary import entropy_of_rows, summarize, summarize_partial
 
 
 def _rows(kind: str, n: int, vocab: int, seed: int) -> torch.Tensor:

@@ -71,8 +71,8 @@ def _run_with_criteria(chapter: str, order: tuple[str, ...], tmp_path: Path) -> 
 
     nb = nbformat.read(ROOT / "notebooks" / f"{chapter}.ipynb", as_version=4)
     patch = nbformat.v4.new_code_cell(
-        "import companion, companion.criteria\n"
-        f"companion.PAPER_CRITERIA = companion.criteria.PAPER_CRITERIA = {order!r}\n")
+        "import companion, companion.certify.criteria\n"
+        f"companion.PAPER_CRITERIA = companion.certify.criteria.PAPER_CRITERIA = {order!r}\n")
     nb.cells.insert(1, patch)  # after the install cell, before the chapter imports PAPER_CRITERIA
     src, out = tmp_path / f"{chapter}.ipynb", tmp_path / f"{chapter}.out.ipynb"
     nbformat.write(nb, src)

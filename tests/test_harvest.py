@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from companion.kl_certificates import certificates, kl_divergence
-from companion.criteria import PAPER_CRITERIA, parse_criterion
+from companion.certify.certificates import certificates, kl_divergence
+from companion.certify.criteria import PAPER_CRITERIA, parse_criterion
 from companion.harvest import (
     SCHEMA,
     HarvestConfigError,
@@ -35,13 +35,14 @@ from companion.harvest import (
     read_manifest,
     schema_markdown,
 )
-from companion.harvest import presets as pr
+from companion.models import presets as pr
+from companion.prompts import ultrachat
 from companion.harvest.decode import decode_batch
 from companion.harvest.toy import byte_tokenizer, save_pair, toy_pair
-from companion.models import load_pair
-from companion.prompts import Prompt, dumps_prompts
-from companion.stochastic import total_variation
-from companion.summary import summarize
+from companion.models.loading import load_pair
+from companion.prompts.sets import Prompt, dumps_prompts
+from companion.certify.stochastic import total_variation
+from companion.certify.summary import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -465,7 +466,7 @@ def test_damaged_shard_is_named_on_load_and_recomputed_on_resume(pair, tmp_path,
 def test_default_preset_no_drafter_is_target_only(tmp_path, capsys) -> None:
     from companion.cli import main
     from companion.harvest.schema import arrow_schema
-    from companion.tiny_pair import ASSET_DIR
+    from companion.models.tiny_pair import ASSET_DIR
 
     if not (ASSET_DIR / "target" / "config.json").exists():
         pytest.skip("the embedded pair is not in this checkout")
@@ -518,7 +519,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(pair_dir, tmp_path) -> No
 
     # Reference: the same harvest in this process, uninterrupted.
     target, drafter, tok = load_pair(pair_dir["target"], pair_dir["drafter"], device="cpu")
-    from companion.prompts import load_prompts
+    from companion.prompts.sets import load_prompts
 
     ref = harvest(target, drafter, tok, load_prompts(pair_dir["prompts"]), tmp_path / "whole", n_steps=48,
                   batch_size=1, prompts_per_shard=1, progress=False)
@@ -576,27 +577,27 @@ def test_ultrachat_selection(tmp_path) -> None:
     path = tmp_path / "uc.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = _chat_tokenizer()
-    chosen = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
+    chosen = ultrachat.select_ultrachat_prompts(ultrachat.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
     assert len(chosen) == 20 and len({p.prompt_id for p in chosen}) == 20
     assert all(p.n_tokens >= 64 and p.text.endswith("<think>\n\n</think>\n\n") for p in chosen)
     assert all(p.text.startswith("<|im_start|>user\n") for p in chosen)
     # Seeded hash order: deterministic, different for another seed, independent of row order.
-    again = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
+    again = ultrachat.select_ultrachat_prompts(ultrachat.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=0)
     assert [p.prompt_id for p in again] == [p.prompt_id for p in chosen]
-    reversed_rows = pr.select_ultrachat_prompts(
-        [pr._row(r, i) for i, r in enumerate(reversed(rows))], tok, n=20, min_tokens=64, seed=0)
+    reversed_rows = ultrachat.select_ultrachat_prompts(
+        [ultrachat._row(r, i) for i, r in enumerate(reversed(rows))], tok, n=20, min_tokens=64, seed=0)
     assert [p.prompt_id for p in reversed_rows] == [p.prompt_id for p in chosen]
-    other = pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=1)
+    other = ultrachat.select_ultrachat_prompts(ultrachat.ultrachat_rows(path), tok, n=20, min_tokens=64, seed=1)
     assert [p.prompt_id for p in other] != [p.prompt_id for p in chosen]
-    thinking = pr.chat_prompt(tok, "hi", enable_thinking=True)
+    thinking = ultrachat.chat_prompt(tok, "hi", enable_thinking=True)
     assert "<think>" not in thinking
     # The same rows as a Parquet file (the dataset's own format).
     pq.write_table(pa.Table.from_pylist([{"prompt_id": r["prompt_id"], "prompt": r["prompt"]} for r in rows[:200]]),
                    tmp_path / "train_sft-00000-of-00001.parquet")
-    from_parquet = pr.select_ultrachat_prompts(pr.ultrachat_rows(tmp_path), tok, n=20, min_tokens=64, seed=0)
+    from_parquet = ultrachat.select_ultrachat_prompts(ultrachat.ultrachat_rows(tmp_path), tok, n=20, min_tokens=64, seed=0)
     assert [p.prompt_id for p in from_parquet] == [p.prompt_id for p in chosen]
     with pytest.raises(ValueError, match="only"):
-        pr.select_ultrachat_prompts(pr.ultrachat_rows(path), tok, n=500, min_tokens=64)
+        ultrachat.select_ultrachat_prompts(ultrachat.ultrachat_rows(path), tok, n=500, min_tokens=64)
 
 
 def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
@@ -605,9 +606,9 @@ def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
         assert (p.target, p.drafter, p.n_prompts, p.min_prompt_tokens, p.n_steps) == (target, "Qwen/Qwen3-0.6B", 500, 64, 128)
         assert p.criteria == PAPER_CRITERIA and p.enable_thinking is False and p.seed == 0
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
-    with pytest.raises(pr.PromptsUnavailableError, match="pip install datasets"):
-        next(pr.ultrachat_rows(None))
-    import companion.tiny_pair as tp
+    with pytest.raises(ultrachat.PromptsUnavailableError, match="pip install datasets"):
+        next(ultrachat.ultrachat_rows(None))
+    import companion.models.tiny_pair as tp
 
     monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match="Restore it from the repository"):
@@ -617,7 +618,7 @@ def test_paper_presets_and_clear_errors(monkeypatch, tmp_path) -> None:
 
 
 def test_default_preset_without_assets_fails_clearly(monkeypatch, tmp_path, capsys) -> None:
-    import companion.tiny_pair as tp
+    import companion.models.tiny_pair as tp
     from companion.cli import main
 
     monkeypatch.setattr(tp, "ASSET_DIR", tmp_path / "no_assets")
@@ -629,7 +630,7 @@ def test_default_preset_without_assets_fails_clearly(monkeypatch, tmp_path, caps
 
 def test_default_preset_runs_on_the_embedded_pair(tmp_path, capsys) -> None:
     from companion.cli import main
-    from companion.tiny_pair import ASSET_DIR
+    from companion.models.tiny_pair import ASSET_DIR
 
     if not (ASSET_DIR / "target" / "config.json").exists():
         pytest.skip("the embedded pair is not in this checkout")

@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import certificates, certified
-from companion.drafter_side import drafter_certificate
-from companion.server_logprobs import certificates_from_logprobs
-from companion.validation import warn_if_probabilities
+from companion.drafter.certificates import drafter_certificate
+from companion.certify.server_logprobs import certificates_from_logprobs
+from companion.certify.validation import warn_if_probabilities
 
 LOG = math.log
 STEP = [{"token": "a", "logprob": LOG(0.4)}, {"token": "b", "logprob": LOG(0.3)}, {"token": "c", "logprob": LOG(0.1)}]
@@ -246,12 +246,12 @@ def test_hf_assisted_generate_checks_ids_too(toy) -> None:
 
 
 def test_a_mistyped_preset_fails_at_once_offline(monkeypatch) -> None:
-    from companion.models import WeightsUnavailableError, load_pair
+    from companion.models.loading import WeightsUnavailableError, load_pair
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # even with the hub allowed, a bare name is never sent there
     start = time.perf_counter()
     _refused(lambda: load_pair("defualt"), WeightsUnavailableError,
-             "Could not load the tokenizer 'defualt': it is not a preset (closed-world, default, qwen2.5-coder, qwen2.5-coder-0.5b, smollm2), not a local folder, and not in "
+             "Could not load the tokenizer 'defualt': it is not a preset (closed-world, default, paper-qwen3-1.7b, paper-qwen3-4b, qwen2.5-coder, qwen2.5-coder-0.5b, smollm2), not a local folder, and not in "
              "the local Hugging Face cache; a name without '/' is not looked up on the hub (hub ids look like "
              "org/name, e.g. Qwen/Qwen3-1.7B). Did you mean the preset 'default'?")
     assert time.perf_counter() - start < 10
@@ -260,7 +260,7 @@ def test_a_mistyped_preset_fails_at_once_offline(monkeypatch) -> None:
 @pytest.mark.parametrize("name, bare", [("defualt", True), ("gpt2", True), ("Qwen/Qwen3-1.7B", False),
                                          ("./models/target", False), ("/abs/target", False)])
 def test_only_org_slash_name_goes_to_the_hub(name, bare) -> None:
-    from companion.models import is_bare_name
+    from companion.models.loading import is_bare_name
 
     assert is_bare_name(name) is bare
 
@@ -392,7 +392,7 @@ MARS_P = torch.softmax(torch.tensor([[2.0, 1.9, 0.5], [1.0, 0.95, -1.0]]), -1)
 
 @pytest.mark.parametrize("call", [
     lambda: certificates(MARS_P, "mars:0.5", from_logits=True),
-    lambda: __import__("companion.kl_certificates", fromlist=["certificate"]).certificate(MARS_P, "mars:0.5",
+    lambda: __import__("companion.certify.certificates", fromlist=["certificate"]).certificate(MARS_P, "mars:0.5",
                                                                                           from_logits=True),
     lambda: certified(MARS_P, MARS_P, "mars:0.5", from_logits=True),
     lambda: certificates(MARS_P, ["greedy", "topm:2"], from_logits=True),

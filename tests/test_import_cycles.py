@@ -144,8 +144,8 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_the_graph_reader_sees_top_level_and_lazy_imports() -> None:
     """The reader itself, on edges known to exist: a top-level one and a function-level one."""
     graph = import_graph()
-    assert "companion.distill.config" in graph["companion.distill.train"]  # top of distill/train.py
-    assert "companion.models" in graph["companion.tiny_pair.report"]  # inside pair_report()
+    assert "companion.models.distill.config" in graph["companion.models.distill.train"]  # top of distill/train.py
+    assert "companion.models.loading" in graph["companion.models.tiny_pair.report"]  # inside pair_report()
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
@@ -155,9 +155,9 @@ def test_companion_has_no_import_cycle() -> None:
     assert not cycles, f"{len(cycles)} import cycle(s) in companion/: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
-LOADERS = ("companion.models", "companion.weights.convert", "companion.tiny_pair.pair_folder", "companion.tiny_pair.report")
+LOADERS = ("companion.models.loading", "companion.models.weights.convert", "companion.models.tiny_pair.pair_folder", "companion.models.tiny_pair.report")
 #: The training code left in the package (SmolLM2's drafter recipe); the closed world's was retired.
-TRAINERS = ("companion.distill.train", "companion.distill.build", "companion.distill.data")
+TRAINERS = ("companion.models.distill.train", "companion.models.distill.build", "companion.models.distill.data")
 
 
 @pytest.mark.parametrize("loader", LOADERS)
@@ -170,9 +170,9 @@ def test_the_loader_of_a_pair_reaches_no_trainer(loader) -> None:
 def test_loading_the_pair_imports_no_trainer_in_a_fresh_interpreter() -> None:
     """The same, on a real interpreter: load the embedded pair, read its manifest, then list sys.modules."""
     code = ("import sys\n"
-            "from companion.models import load_pair\n"
-            "from companion.tiny_pair import ASSET_DIR\n"
-            "from companion.tiny_pair.report import read_pair_manifest\n"
+            "from companion.models.loading import load_pair\n"
+            "from companion.models.tiny_pair import ASSET_DIR\n"
+            "from companion.models.tiny_pair.report import read_pair_manifest\n"
             "read_pair_manifest(ASSET_DIR)\n"
             "load_pair()\n"
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('companion'))))\n")
@@ -180,5 +180,5 @@ def test_loading_the_pair_imports_no_trainer_in_a_fresh_interpreter() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     loaded = set(out.stdout.split())
-    assert "companion.models" in loaded and "companion.tiny_pair.report" in loaded
+    assert "companion.models.loading" in loaded and "companion.models.tiny_pair.report" in loaded
     assert not loaded & set(TRAINERS), sorted(loaded & set(TRAINERS))

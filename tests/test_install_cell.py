@@ -138,7 +138,7 @@ def test_the_cell_installs_into_a_fresh_venv(tmp_path: Path) -> None:
     assert "installing companion[notebooks] @ file://" in done.stdout
     installed = fresh_site / "companion" / "__init__.py"
     assert f"companion from {installed}" in done.stdout        # imported in the same kernel, after the install
-    after = subprocess.run([str(python), "-c", "import companion, companion.verdicts; print(companion.__file__)"],
+    after = subprocess.run([str(python), "-c", "import companion, companion.certify.verdicts; print(companion.__file__)"],
                            cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert after.returncode == 0, after.stderr
     assert after.stdout.strip() == str(installed)

@@ -11,7 +11,7 @@ import torch
 from scipy.special import entr
 
 from companion import certificates, parse_criterion, tree_certificate
-from companion.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
+from companion.certify.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
 
 V = 151_936
 SPECS = ["greedy", "additive:0.3", "multiplicative:0.1", "topm:4", "topk-delta:10,0.6", "typical:0.09,0.3",

@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.bounds import greedy_margin_bounds
-from companion.kl_certificates import certificate
-from companion.targets import random_targets
+from companion.certify.bounds import greedy_margin_bounds
+from companion.certify.certificates import certificate
+from companion.certify.targets import random_targets
 
 
 def test_sharp_bounds_hold_on_random_targets_without_ties() -> None:

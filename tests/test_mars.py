@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import Mars, certificate, certificates, certified, kl_divergence, parse_criterion, witness
-from companion.criteria import PAPER_CRITERIA, SPEC_FORMS, index_rank
+from companion.certify.criteria import PAPER_CRITERIA, SPEC_FORMS, index_rank
 from companion.harvest.stats import StepStatistics
 from tests.tie_oracle import worst_certificate
 
@@ -77,7 +77,7 @@ def test_probabilities_are_refused_in_one_line() -> None:
 
 def test_no_drafter_side_certificate() -> None:
     """The drafter side ranges over targets given q and knows no logit scale for them: refused."""
-    from companion.drafter_side import drafter_certificate
+    from companion.drafter.certificates import drafter_certificate
 
     q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     with pytest.raises(ValueError, match="no drafter-side certificate for mars:0.87: .* use .greedy."):
@@ -201,7 +201,7 @@ def _agree(ours: float, oracle: float) -> bool:
 
 @pytest.mark.parametrize("divergence", ["forward", "reverse"])
 def test_matches_slsqp_oracle(divergence: str) -> None:
-    """Both tie conventions against the SLSQP oracle (``companion.oracle.brute_force_cost`` over
+    """Both tie conventions against the SLSQP oracle (``companion.certify.oracle.brute_force_cost`` over
     the rejected tokens, the worst case by ``tests.tie_oracle``), whose rejection region is taken
     from the rule's definition: top-2's on rows that :func:`relaxed_reference` relaxes, strict
     greedy's elsewhere."""

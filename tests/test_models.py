@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from companion.devices import resolve_device
+from companion.models.devices import resolve_device
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from companion import models as cm
-from companion.models import WeightsUnavailableError, load_pair
+from companion.models import loading as cm
+from companion.models import presets
+from companion.models.loading import WeightsUnavailableError, load_pair
 
 
 def _tokenizer(vocab: list[str]) -> PreTrainedTokenizerFast:
@@ -117,12 +118,12 @@ def test_an_existing_folder_is_local_whatever_its_name(tmp_path: Path, monkeypat
 def test_drafter_false_overrides_the_presets(tmp_path: Path) -> None:
     t = _save_tiny(tmp_path / "t", VOCAB)
     d = _save_tiny(tmp_path / "d", VOCAB, seed=1)
-    cm.register_preset("test-with-drafter", str(t), str(d))
+    presets.register_preset("test-with-drafter", str(t), str(d))
     try:
         assert load_pair("test-with-drafter")[1] is not None
         assert load_pair("test-with-drafter", False)[1] is None
     finally:
-        cm._PRESETS.pop("test-with-drafter", None)
+        presets.PRESETS.pop("test-with-drafter", None)
 
 
 def test_tokenizer_mismatch_names_the_tokenizer_given(tmp_path: Path) -> None:
@@ -152,7 +153,7 @@ def test_model_dtypes_only() -> None:
 def test_offline_hub_id_gives_helpful_error(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read when huggingface_hub is imported: a fresh interpreter sees it as a user would.
     code = (
-        "from companion.models import load_pair, WeightsUnavailableError\n"
+        "from companion.models.loading import load_pair, WeightsUnavailableError\n"
         "try:\n"
         "    load_pair(target='companion-tests/no-such-model-xyz', drafter='companion-tests/no-such-drafter')\n"
         "except WeightsUnavailableError as e:\n"
@@ -167,14 +168,14 @@ def test_offline_hub_id_gives_helpful_error(tmp_path: Path) -> None:
 
 
 def test_default_preset_and_registration(tmp_path: Path) -> None:
-    assert "default" in cm.preset_names()
+    assert "default" in presets.preset_names()
     t = _save_tiny(tmp_path / "t", VOCAB)
-    cm.register_preset("test-local-only", str(t))
+    presets.register_preset("test-local-only", str(t))
     try:
         target, drafter, tok = load_pair("test-local-only")
         assert drafter is None and len(tok) == len(VOCAB)
-        cm.register_preset("test-local-only", str(t))  # same spec again: fine
+        presets.register_preset("test-local-only", str(t))  # same spec again: fine
         with pytest.raises(ValueError, match="already registered"):
-            cm.register_preset("test-local-only", str(t), drafter=str(t))
+            presets.register_preset("test-local-only", str(t), drafter=str(t))
     finally:
-        cm._PRESETS.pop("test-local-only", None)
+        presets.PRESETS.pop("test-local-only", None)

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import certificate, certificates, tree_certificate
-from companion.bounds import margin_quadratic_bound, pair_cost, two_point_bound
-from companion.targets import random_targets
+from companion.certify.bounds import margin_quadratic_bound, pair_cost, two_point_bound
+from companion.certify.targets import random_targets
 
 mp.mp.dps = 60
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from companion import certificate, certificates, parse_criterion, tree_certificate, tree_witness, witness
-from companion.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
+from companion.certify.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
 
 mp.mp.dps = 80
 INF = mp.inf
@@ -613,7 +613,7 @@ def test_step_statistics_tree_coverage_with_ties() -> None:
 @pytest.mark.parametrize("from_logits", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_summary_tail_is_the_mass_beyond_the_values(from_logits: bool, dtype: torch.dtype) -> None:
-    from companion.summary import summarize
+    from companion.certify.summary import summarize
 
     gen = torch.Generator().manual_seed(3)
     v = 3000

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.pooling import pooled_cost, reverse_tilt
+from companion.certify.pooling import pooled_cost, reverse_tilt
 
 mpmath.mp.dps = 50
 

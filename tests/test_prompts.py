@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from companion.prompts import Prompt, dumps_prompts, load_prompts, prompt_set_digest
-from companion.tiny_pair import ASSET_DIR
-from companion.tiny_pair import chat_corpus as chat
-from companion.tiny_pair import corpus as corpus_mod
+from companion.prompts.sets import Prompt, dumps_prompts, load_prompts, prompt_set_digest
+from companion.models.tiny_pair import ASSET_DIR
+from companion.models.tiny_pair import chat_corpus as chat
+from companion.models.tiny_pair import corpus as corpus_mod
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_round_trip_and_errors(tmp_path: Path) -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from companion.prompts import with_token_counts  # noqa: E402
+from companion.prompts.sets import with_token_counts  # noqa: E402
 
 
 def test_plain_text_file_is_one_prompt_a_line(tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_text_file_round_trips(tmp_path_factory, lines: list[str]) -> None:
 
 
 def test_request_kind_names_both_families_and_nothing_else() -> None:
-    from companion.prompts import Prompt, request_kind
+    from companion.prompts.sets import Prompt, request_kind
 
     assert request_kind(Prompt("chat-0001-code", "x", 1, "chat-requests:code:heldout")) == "code"
     assert request_kind(Prompt("stdlib-0001-test", "x", 1, "stdlib-requests:os.path:test")) == "stdlib-test"

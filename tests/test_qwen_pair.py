@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from companion.models import load_pair, load_tokenizer, vocabulary_sha256
-from companion.weights import converted_dir, ensure_converted, source
-from companion.weights.convert import cache_is_current
+from companion.models.loading import load_pair, load_tokenizer, vocabulary_sha256
+from companion.models.weights import converted_dir, ensure_converted, source
+from companion.models.weights.convert import cache_is_current
 
 TARGET, DRAFTER = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
@@ -97,7 +97,7 @@ def test_the_conversion_equals_transformers_gguf_load_cast_to_bfloat16(tmp_path)
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from companion.weights.fetch import fetch_gguf
+    from companion.models.weights.fetch import fetch_gguf
 
     folder = _converted(DRAFTER)
     gguf = fetch_gguf(source(DRAFTER), tmp_path, progress=False)
@@ -122,12 +122,12 @@ def test_the_harvest_is_generate_and_assisted_generation_follows_its_rounds(pair
     harvest's rounds only at near ties of bfloat16 (companion.harvest.ties)."""
     from companion.harvest import load_traces
     from companion.harvest.core import harvest
-    from companion.prompts import load_prompts
+    from companion.prompts.sets import load_prompts
     from companion.speculative.harvest_rounds import compare_runs, harvest_rows_by_prompt
     from companion.speculative.hf import hf_assisted_generate
 
     target, drafter, tok = pair
-    from companion.chat_requests import retemplated
+    from companion.prompts.families import retemplated
 
     prompts = [p.text for p in retemplated(load_prompts("chat-requests")[:2], tok)]
     n = 12
@@ -149,9 +149,9 @@ def test_the_harvest_is_generate_and_assisted_generation_follows_its_rounds(pair
 def test_the_chat_requests_reach_qwen_in_its_own_template() -> None:
     """The committed prompt file holds SmolLM2's template; the harvest plan rebuilds each request in the
     answering model's template (Qwen's system turn), keeping ids and order; SmolLM2's comes back unchanged."""
-    from companion.chat_requests import retemplated
+    from companion.prompts.families import retemplated
     from companion.harvest.plan import plan_harvest
-    from companion.prompts import load_prompts
+    from companion.prompts.sets import load_prompts
 
     prompts = load_prompts("chat-requests")[:6]
     qwen = load_tokenizer(_converted(TARGET))

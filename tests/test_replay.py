@@ -48,7 +48,7 @@ LOSSLESS = ["constant:0", "constant:1", "constant:4", "constant:8", "heuristic",
 @pytest.fixture(scope="module")
 def pair():
     torch.set_num_threads(1)
-    from companion.models import load_pair
+    from companion.models.loading import load_pair
     target, drafter, tok = load_pair("default")
     # source code first (long texts, cut at N_NEW), then a chat request (its answer ends with EOS)
     texts = code_prompts(3) + chat_prompts(1)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import kl_divergence
-from companion.runs import certified_run_lengths, mean_certified_run_length
-from companion.stochastic import acceptance_probability, pinsker_lower_bound, total_variation
+from companion.certify.runs import certified_run_lengths, mean_certified_run_length
+from companion.certify.stochastic import acceptance_probability, pinsker_lower_bound, total_variation
 
 
 def _runs_by_loop(c: np.ndarray, eps: float) -> np.ndarray:
@@ -81,7 +81,7 @@ def test_kl_from_logits_and_support() -> None:
 
 
 def test_run_lengths_counts_true_runs_and_refuses_non_bool() -> None:
-    from companion.runs import run_lengths
+    from companion.certify.runs import run_lengths
 
     flags = torch.tensor([[True, True, False, True], [False, True, True, True]])
     assert run_lengths(flags).tolist() == [[2, 1, 0, 1], [0, 3, 2, 1]]

@@ -1,6 +1,6 @@
 """Certificates from top-k logprobs against the full-vocabulary engine.
 
-Oracle: ``companion.kl_certificates`` on the whole distribution, with the same tie convention.
+Oracle: ``companion.certify.certificates`` on the whole distribution, with the same tie convention.
 Where the top-k result says ``exact`` it must equal the full one; everywhere else it must not
 exceed it (a lower bound), for random rows, LM-like rows, adversarial completions of the tail,
 rows with exact ties (bf16 logits, forced ties at the top and across rank boundaries), and

@@ -1,11 +1,11 @@
-"""The drafter's model class (companion.shortlist_llama): its head, its loading, its use as transformers' assistant."""
+"""The drafter's model class (companion.models.shortlist_llama): its head, its loading, its use as transformers' assistant."""
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from companion.shortlist_llama import SHARED_EMBEDDING_KEY, ShortlistLlamaConfig, ShortlistLlamaForCausalLM
+from companion.models.shortlist_llama import SHARED_EMBEDDING_KEY, ShortlistLlamaConfig, ShortlistLlamaForCausalLM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -35,7 +35,7 @@ def test_logits_are_the_embedding_on_the_shortlist_and_one_logit_past_it() -> No
     assert "lm_head.rest_logit" in m.state_dict() and m.own_parameters() == \
         sum(p.numel() for p in m.parameters()) - 60 * 16
     # The decoders read the vocabulary off the head: every id, not the shortlist.
-    from companion.shortlist_llama import logit_count
+    from companion.models.shortlist_llama import logit_count
 
     assert logit_count(m) == 60
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion import analysis as A
-from companion import size_axis as S
+from companion.analysis import size_axis as S
 from companion.figures.sizes import FIGURE_NAMES, size_figure
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from companion import models
-from companion.weights import ensure_converted
-from companion.weights.distilled_drafter import drafter_dir
-from companion.weights.fetch import file_sha256
-from companion.models import WeightsUnavailableError, load_pair
+from companion.models import presets
+from companion.models.weights import ensure_converted
+from companion.models.weights.distilled_drafter import drafter_dir
+from companion.models.weights.fetch import file_sha256
+from companion.models.loading import WeightsUnavailableError, load_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_harvest_agrees_with_generate_token_for_token(smol, tmp_path, dtype) -> 
     in float32 and in bfloat16 (the GPU path's dtype, rehearsed on the CPU)."""
     from companion.harvest import load_traces
     from companion.harvest.core import harvest
-    from companion.harvest.presets import chat_prompt
+    from companion.prompts.ultrachat import chat_prompt
 
     target, tok = smol
     if dtype == "bfloat16":
@@ -110,7 +110,7 @@ def test_preset_harvest_cli_refuses_a_prompt_longer_than_the_context(tmp_path) -
 def test_the_preset_brings_the_committed_drafter() -> None:
     """The drafter (companion build-drafter) loads with the target's tokenizer, its vocabulary checked by sha256."""
     from companion.assets import SMOLLM2_DRAFTER_DIR
-    from companion.models import vocabulary_sha256
+    from companion.models.loading import vocabulary_sha256
 
     target, drafter, tok = load_pair("smollm2", device="cpu")
     manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
@@ -128,12 +128,12 @@ def test_the_preset_brings_the_committed_drafter() -> None:
 def test_a_drafter_of_another_vocabulary_is_refused(monkeypatch, tmp_path) -> None:
     from companion.assets import SMOLLM2_DRAFTER_DIR
 
-    fake = tmp_path / "drafter"
+    fake = tmp_path / "smollm2_drafter"
     fake.mkdir()
     manifest = json.loads((SMOLLM2_DRAFTER_DIR / "manifest.json").read_text())
     manifest["vocabulary_sha256"] = "0" * 64
     (fake / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(models, "SMOLLM2_DRAFTER_DIR", fake)
+    monkeypatch.setattr(presets, "ASSETS_DIR", tmp_path)
     with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
         drafter_dir(fake, ensure_converted("smollm2-135m-instruct", progress=False), "1" * 64, root=tmp_path / "cache")
     with pytest.raises(WeightsUnavailableError, match="trained on another vocabulary"):
@@ -147,14 +147,14 @@ def test_a_drafter_asset_with_its_own_embedding_is_refused(monkeypatch, tmp_path
     """The committed drafter shares the target's embedding; an asset that brings one is not what was built."""
     from safetensors.torch import save_file
 
-    fake = tmp_path / "drafter"
+    fake = tmp_path / "smollm2_drafter"
     fake.mkdir()
     save_file({"model.embed_tokens.weight": torch.zeros(4, 2, dtype=torch.bfloat16),
                "model.norm.weight": torch.ones(2, dtype=torch.bfloat16)}, str(fake / "model.safetensors"))
     manifest = {"vocabulary_sha256": "1" * 64,
                 "files_sha256": {"model.safetensors": file_sha256(fake / "model.safetensors")}}
     (fake / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(models, "SMOLLM2_DRAFTER_DIR", fake)
+    monkeypatch.setattr(presets, "ASSETS_DIR", tmp_path)
     with pytest.raises(WeightsUnavailableError, match="holds its own model.embed_tokens.weight"):
         drafter_dir(fake, ensure_converted("smollm2-135m-instruct", progress=False), "1" * 64, root=tmp_path / "cache")
     left = [f.name for f in (tmp_path / "cache").iterdir() if "drafter" in f.name and not f.name.endswith(".lock")]
@@ -167,7 +167,7 @@ def test_in_float32_assisted_generation_follows_the_harvests_rounds_exactly(tmp_
     which chapter 8 asserts in float32 and checks up to near ties in bfloat16."""
     from companion.harvest import load_traces
     from companion.harvest.core import harvest
-    from companion.prompts import load_prompts
+    from companion.prompts.sets import load_prompts
     from companion.speculative.harvest_rounds import compare_runs, harvest_rows_by_prompt
     from companion.speculative.hf import hf_assisted_generate
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scipy.optimize import minimize
 from scipy.special import xlogy
 
-from companion.criteria import Mars, parse_criterion
+from companion.certify.criteria import Mars, parse_criterion
 from companion.speculative import (
     POLICY_FORMS,
     Calibrated,
@@ -48,7 +48,7 @@ CALIBRATED = ["certificate", "top1", "margin", "certificate:cal=kl"]
 @pytest.fixture(scope="module")
 def pair():
     torch.set_num_threads(1)
-    from companion.models import load_pair
+    from companion.models.loading import load_pair
 
     target, drafter, tok = load_pair("default")
     ids = [tok(t, return_tensors="pt").input_ids for t in code_prompts(3)]  # long greedy texts
@@ -463,7 +463,7 @@ def test_drafter_certificate_for_greedy_matches_slsqp():
 
 @pytest.mark.parametrize("criterion", ["greedy", "multiplicative:0.1", "topm:3"])
 def test_drafter_rho_is_the_libraries_drafter_side_certificate(criterion):
-    side = pytest.importorskip("companion.drafter_side")
+    side = pytest.importorskip("companion.drafter.certificates")
     rng = np.random.default_rng(2)
     crit = parse_criterion(criterion)
     for _ in range(20):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from companion import stdlib_requests as sr
-from companion.prompts import dumps_prompts, load_prompts
+from companion.prompts import stdlib_requests as sr
+from companion.prompts.sets import dumps_prompts, load_prompts
 
 REQUESTS = sr.stdlib_requests()
 
@@ -85,8 +85,9 @@ def test_the_mixed_set_takes_the_families_in_turn() -> None:
 def test_the_asset_is_what_the_smollm2_tokenizer_builds_and_every_prompt_is_long_enough() -> None:
     from transformers import AutoTokenizer
 
-    from companion.chat_requests import MIN_TOKENS, retemplated
-    from companion.weights import ensure_converted
+    from companion.prompts.chat_requests import MIN_TOKENS
+    from companion.prompts.families import retemplated
+    from companion.models.weights import ensure_converted
 
     smol = AutoTokenizer.from_pretrained(ensure_converted("smollm2-135m-instruct", progress=False))
     prompts = sr.build_prompt_set(smol, REQUESTS)
@@ -98,10 +99,11 @@ def test_the_asset_is_what_the_smollm2_tokenizer_builds_and_every_prompt_is_long
 
 
 def test_every_request_is_long_enough_in_qwens_template() -> None:
-    from companion.chat_requests import MIN_TOKENS, retemplated
-    from companion.models import load_tokenizer
-    from companion.weights import converted_dir, source
-    from companion.weights.convert import cache_is_current
+    from companion.prompts.chat_requests import MIN_TOKENS
+    from companion.prompts.families import retemplated
+    from companion.models.loading import load_tokenizer
+    from companion.models.weights import converted_dir, source
+    from companion.models.weights.convert import cache_is_current
 
     folder = converted_dir(source("qwen2.5-coder-1.5b-instruct"))
     if not cache_is_current(folder, source("qwen2.5-coder-1.5b-instruct")):

@@ -1,4 +1,4 @@
-"""The sympy derivations of ``companion.symbolic`` against independent numerics.
+"""The sympy derivations of ``companion.symbolic.certificates`` against independent numerics.
 
 Each symbolic result is evaluated at numbers and compared with something computed another way
 (scipy minimisation, the certificate engine, finite sums), so a wrong derivation fails here.
@@ -17,9 +17,9 @@ from hypothesis.extra.numpy import arrays
 from scipy.optimize import minimize
 
 from companion import certificates, parse_criterion, per_token_cost, tree_certificate
-from companion import symbolic as S
-from companion.bounds import margin_only_bound
-from companion.bounds import tree_quadratic_constant as tree_c_float
+from companion.symbolic import certificates as S
+from companion.certify.bounds import margin_only_bound
+from companion.certify.bounds import tree_quadratic_constant as tree_c_float
 
 u = sp.Symbol("u", positive=True)
 g = sp.Symbol("gamma", positive=True)
@@ -469,7 +469,7 @@ def test_speculative_sampling_cases_all_zero():
 
 def test_speculative_sampling_law_numeric():
     """The same formulas in numpy on random pairs: acceptance = 1 - TV (library), output law = p."""
-    from companion.stochastic import acceptance_probability, total_variation
+    from companion.certify.stochastic import acceptance_probability, total_variation
 
     rng = np.random.default_rng(9)
     for _ in range(50):
@@ -501,7 +501,7 @@ def test_kl_chain_rule():
 
 def test_swap_example_against_library():
     from companion import certificate, kl_divergence
-    from companion.stochastic import acceptance_probability, total_variation
+    from companion.certify.stochastic import acceptance_probability, total_variation
 
     eta = sp.Symbol("eta", positive=True)
     ex = S.swap_example(eta)
@@ -554,12 +554,12 @@ def test_greedy_certificate_is_half_s_times_the_capacitory_discrimination_of_the
 
 
 def test_brute_force_oracle_tie_conventions_on_the_counter_example():
-    """``companion.oracle`` with ``ties`` on ``p = [0.4, 0.4, 0.2]`` against closed forms: the
+    """``companion.certify.oracle`` with ``ties`` on ``p = [0.4, 0.4, 0.2]`` against closed forms: the
     worst case rejects every token under greedy (tied top: some tie-break rejects each maximiser),
     so its certificate is 0 and the width-1 tree's too; the level-set rule rejects only the third
     token, whose cost pools all three: ``0.8 log 1.2 + 0.2 log 0.6`` (forward) and
     ``-log(3 (0.4 * 0.4 * 0.2)^(1/3))`` (reverse). The engine agrees under each convention."""
-    from companion.oracle import brute_force_certificate, brute_force_tree_certificate, rejected_tokens
+    from companion.certify.oracle import brute_force_certificate, brute_force_tree_certificate, rejected_tokens
 
     p = np.array([0.4, 0.4, 0.2])
     assert rejected_tokens(p, "greedy", ties="worst").tolist() == [0, 1, 2]

@@ -1,4 +1,4 @@
-"""The sympy derivations of ``companion.symbolic_drafter``: identities proved symbolically, and
+"""The sympy derivations of ``companion.symbolic.drafter_side``: identities proved symbolically, and
 each derived expression evaluated at numbers against the library and independent numerics."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import sympy as sp
 import torch
 
-from companion import symbolic as target_side
-from companion import symbolic_drafter as S
-from companion.drafter_side import drafter_certificate
-from companion.symbolic import identical
+from companion.symbolic import certificates as target_side
+from companion.symbolic import drafter_side as S
+from companion.drafter.certificates import drafter_certificate
+from companion.symbolic.certificates import identical
 
 
 def _rows(seed: int = 0, n: int = 12, v: int = 6) -> torch.Tensor:

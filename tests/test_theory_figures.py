@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from companion import PAPER_CRITERIA, certificate, parse_criterion, per_token_cost, tree_certificate, witness
 from companion.figures import save_figure
 from companion.figures import theory as T
-from companion import bounds, targets
+from companion.certify import bounds, targets
 
 
 def _phi(m: int, g: np.ndarray) -> np.ndarray:
@@ -162,7 +162,7 @@ def test_stochastic_contrast_worst_case_paths():
 
 # -- what a reader needs: legends, labels, sizes, colours --------------------------------------
 
-from companion.bounds import additive_floor, multiplicative_floor  # noqa: E402
+from companion.certify.bounds import additive_floor, multiplicative_floor  # noqa: E402
 from companion.figures import palette as P  # noqa: E402
 from tests.figure_checks import (  # noqa: E402
     assert_panels_clear,

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from companion import certificates, certified
-from companion.criteria import parse_criterion
+from companion.certify.criteria import parse_criterion
 from tests.exact_oracle import exact_certificate, exact_rejected
 
 # Engine (float64, a few ulps per log) against a 60-digit oracle: 1e-12 relative, and 1e-15

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from companion import certificate, certificates, certified, kl_divergence, tree_certificate, tree_witness, witness
-from companion.criteria import index_rank, parse_criterion
-from companion.kl_certificates import exact_top_tie
+from companion.certify.criteria import index_rank, parse_criterion
+from companion.certify.certificates import exact_top_tie
 from tests.tie_oracle import worst_certificate, worst_rejected_tokens, worst_tree_certificate
 
 SPECS = ["greedy", "additive:0.1", "additive:0.3", "additive:0", "multiplicative:0.5", "multiplicative:1",

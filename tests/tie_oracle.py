@@ -1,9 +1,9 @@
 """Brute-force references for the worst case over tie-breaks (tests only).
 
-The oracles themselves live in :mod:`companion.oracle` (``ties="worst"``): independent of the
+The oracles themselves live in :mod:`companion.certify.oracle` (``ties="worst"``): independent of the
 engine's ``tau_worst`` formulas, a token is *worst-case rejected* when the rule as written (the
 level-set rule, recomputed in NumPy) rejects it under an arbitrarily small perturbation of ``p``
-(:func:`companion.oracle.perturbed_against`: ``p_y`` lowered, every other probability raised by
+(:func:`companion.certify.oracle.perturbed_against`: ``p_y`` lowered, every other probability raised by
 a relative ``rel``). The worst-case certificate is ``min`` over those tokens of the SLSQP
 per-token cost, and the worst-case tree certificate the minimum over every maximiser ``g`` of
 ``p`` and every set ``S`` of ``m`` tokens other than ``g`` of ``min { D(p, q) : q_z >= q_g, z in S }``.
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from companion.oracle import brute_force_cost, brute_force_tree_certificate, perturbed_against, rejected_tokens
+from companion.certify.oracle import brute_force_cost, brute_force_tree_certificate, perturbed_against, rejected_tokens
 
 __all__ = ["perturbed_against", "worst_rejected_tokens", "worst_certificate", "worst_tree_certificate"]
 

@@ -1,7 +1,7 @@
-"""Files shipped with the package: the frozen closed-world pair (read by :mod:`companion.models`
-and checked by :mod:`companion.tiny_pair`), SmolLM2's distilled drafter, the chat requests
-(:mod:`companion.chat_requests`) and the registry of models on the package index
-(``package_weights.json``, read by :mod:`companion.weights.registry`)."""
+"""Files shipped with the package: the frozen closed-world pair (read by :mod:`companion.models.loading`
+and checked by :mod:`companion.models.tiny_pair`), SmolLM2's distilled drafter, the chat requests
+(:mod:`companion.prompts.chat_requests`) and the registry of models on the package index
+(``package_weights.json``, read by :mod:`companion.models.weights.registry`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,10 +13,10 @@ DEFAULT_PAIR_DIR: Path = Path(__file__).resolve().parent / "default_pair"
 #: ``generation_config.json``, ``model.safetensors``, ``manifest.json``; no tokenizer (the target's).
 SMOLLM2_DRAFTER_DIR: Path = Path(__file__).resolve().parent / "smollm2_drafter"
 
-#: Folder of the chat-request prompt set written for this project (:mod:`companion.chat_requests`): ``prompts.jsonl``.
+#: Folder of the chat-request prompt set written for this project (:mod:`companion.prompts.chat_requests`): ``prompts.jsonl``.
 CHAT_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "chat_requests"
 
-#: Folder of the coding requests quoting the standard library's documentation (:mod:`companion.stdlib_requests`):
+#: Folder of the coding requests quoting the standard library's documentation (:mod:`companion.prompts.stdlib_requests`):
 #: ``requests.json`` (the family, frozen) and ``prompts.jsonl`` (in SmolLM2's template).
 STDLIB_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "stdlib_requests"
 

@@ -41,7 +41,7 @@ def probe_modules(modules: list[str], root: Path) -> dict[str, tuple[str, str]]:
 
 def render_api_section(module: str, status: str, detail: str) -> str:
     """The MyST for one module of the API reference page."""
-    head = f"## `{module}`\n\n"
+    head = f"### `{module}`\n\n"
     if status == "ok":
         # autodoc emits reStructuredText: parse it as such (inside MyST it would show as raw text).
         return head + f"```{{eval-rst}}\n.. automodule:: {module}\n```\n"

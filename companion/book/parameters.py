@@ -326,10 +326,10 @@ def plan_parameters(
 
 
 def describe_device(device: str | None) -> tuple[str | None, str]:
-    """Resolve ``auto`` and describe the hardware (:func:`companion.devices.describe_device`);
+    """Resolve ``auto`` and describe the hardware (:func:`companion.models.devices.describe_device`);
     an unavailable device is a :class:`ReproduceError`, found before anything runs."""
-    from companion.devices import DeviceUnavailableError
-    from companion.devices import describe_device as describe
+    from companion.models.devices import DeviceUnavailableError
+    from companion.models.devices import describe_device as describe
 
     try:
         return describe(device)

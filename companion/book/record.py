@@ -187,8 +187,8 @@ def _models(run: ChapterExecution) -> str:
 
 
 def _preset_description(name: str) -> str | None:
-    """The harvest preset's own description (:data:`companion.harvest.presets.PRESETS`), if known."""
-    from companion.harvest.presets import PRESETS
+    """The harvest preset's own description (:data:`companion.models.presets.PRESETS`), if known."""
+    from companion.models.presets import PRESETS
 
     preset = PRESETS.get(name)
     return preset.description if preset else None

@@ -66,7 +66,7 @@ def default_jobs(devices: list[str | None]) -> int:
     share its memory)."""
     if any(d is not None and d != "cpu" for d in devices):
         return 1
-    from companion.devices import usable_cores
+    from companion.models.devices import usable_cores
 
     return max(1, min(usable_cores(), MAX_DEFAULT_JOBS))
 

@@ -1,7 +1,7 @@
 """Figures of the experiment chapters (7: the paper's evaluation; 8: a real drafter).
 
-Each function takes harvested :class:`companion.analysis.Traces`, computes what it draws with
-:mod:`companion.analysis` (so a figure shows exactly the numbers the chapter quotes) and
+Each function takes harvested :class:`companion.analysis.traces.Traces`, computes what it draws with
+:mod:`companion.analysis.traces` (so a figure shows exactly the numbers the chapter quotes) and
 returns a pyplot-free :class:`matplotlib.figure.Figure`. A notebook displays it and passes it to
 :func:`companion.figures.save_figure` under the stable name in :data:`FIGURE_NAMES`. Artists
 carrying data have a ``gid`` (``"cdf:greedy"``, ``"frac:tree:4:eps=0.1"``...) so tests can
@@ -170,7 +170,7 @@ def certificate_vs_margin(traces: A.Traces, budgets: Sequence[float] = (0.01, 0.
     (a) median certificate per bin; a ``+inf`` median (the criterion rejects nothing on most of
     the bin) is drawn in a labelled band at the top; (b..) the share of each bin's steps
     certified at each KL budget (``rho* > eps``,
-    :func:`companion.analysis.certified_fraction_by_bin`). Where a series has ``+inf``
+    :func:`companion.analysis.traces.certified_fraction_by_bin`). Where a series has ``+inf``
     certificates, the part of that share that is vacuous (``rho* = +inf``: certified because
     nothing is rejected) is hatched under its curve. Panels are laid out two per row.
     """
@@ -447,7 +447,7 @@ def round_lengths(traces: A.Traces, draft_lengths: Sequence[int] = tuple(range(1
                   eps: float | None = None, divergence: str = "forward", ncols: int = 2) -> Figure:
     """Mean accepted draft tokens per round vs draft length ``K``: measured, certified, scalar-budget prediction.
 
-    Definitions in :func:`companion.analysis.accepted_length_per_round`; the grey line is ``K``.
+    Definitions in :func:`companion.analysis.traces.accepted_length_per_round`; the grey line is ``K``.
     """
     from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator

@@ -23,7 +23,7 @@ import math
 
 from matplotlib.figure import Figure
 
-from companion.criteria import parse_criterion
+from companion.certify.criteria import parse_criterion
 
 __all__ = [
     "CRITERION_COLORS",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from companion import size_axis as S
+from companion.analysis import size_axis as S
 from companion.figures.palette import LEGEND_SIZE, TITLE_SIZE, new_figure, set_sizes
 
 #: Stable ``save_figure`` names, one per family.
@@ -22,7 +22,7 @@ _MARKERS = ("o", "s", "^", "D", "v", "P")
 
 
 def size_figure(points: Sequence[S.SizePoint], family: str, *, reported: bool = True) -> Figure:
-    """The statistics of ``family`` (:data:`companion.size_axis.FAMILIES`) against size, on a log axis."""
+    """The statistics of ``family`` (:data:`companion.analysis.size_axis.FAMILIES`) against size, on a log axis."""
     if family not in S.FAMILIES:
         raise ValueError(f"unknown family {family!r}: expected one of {', '.join(S.FAMILIES)}")
     stats = [s for s in S.STATISTICS if s.family == family]

@@ -6,7 +6,7 @@ caller's back: a notebook displays the returned figure and passes it to
 :func:`companion.figures.save_figure` under the stable name listed in :data:`FIGURE_NAMES`.
 Artists that carry data a test may want to read back have a ``gid`` (e.g. ``"cert:greedy"``).
 
-The target families the figures draw on live in :mod:`companion.targets`, so that a chapter
+The target families the figures draw on live in :mod:`companion.certify.targets`, so that a chapter
 computes its quoted numbers on exactly the targets it draws.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from companion.bounds import additive_floor, margin_only_bound, multiplicative_floor, tree_quadratic_constant
-from companion.kl_certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
-from companion.criteria import (
+from companion.certify.bounds import additive_floor, margin_only_bound, multiplicative_floor, tree_quadratic_constant
+from companion.certify.certificates import certificate, kl_divergence, per_token_cost, tree_certificate, witness
+from companion.certify.criteria import (
     PAPER_CRITERIA,
     AdditiveRelaxed,
     MultiplicativeRelaxed,
@@ -42,8 +42,8 @@ from companion.figures.palette import (
     set_sizes,
     tree_color,
 )
-from companion.stochastic import acceptance_probability, pinsker_lower_bound
-from companion.targets import geometric_tail_target, geometric_tail_tie, two_top_target
+from companion.certify.stochastic import acceptance_probability, pinsker_lower_bound
+from companion.certify.targets import geometric_tail_target, geometric_tail_tie, two_top_target
 
 __all__ = [
     "FIGURE_NAMES",
@@ -429,7 +429,7 @@ def stochastic_contrast(
     and whether the greedy check accepts ``argmax q_t`` (dashed steps, 0 or 1).
 
     "Accepts" is the decoders' verdict on the drafter's greedy token
-    (:meth:`~companion.criteria.Criterion.decoder_accepts`: ``argmax``, the first index wins on
+    (:meth:`~companion.certify.criteria.Criterion.decoder_accepts`: ``argmax``, the first index wins on
     exact ties); ``rho*`` is the worst-case certificate, so a certified pair is always accepted."""
     from matplotlib.lines import Line2D
 

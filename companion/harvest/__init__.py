@@ -8,7 +8,7 @@ drafter's token and whether that was certified) without ever keeping a distribut
 per step in Parquet shards, with a JSON manifest. ``load_traces(out_dir)`` reads them back as a
 ``pyarrow.Table``. The command line is ``companion harvest`` (see ``companion.harvest.cli``);
 the columns are documented in :mod:`companion.harvest.schema`; presets and every choice the
-paper leaves open in :mod:`companion.harvest.presets` and ``README.md`` beside this file.
+paper leaves open in :mod:`companion.models.presets` and ``README.md`` beside this file.
 """
 from companion.harvest.core import TREE_WIDTHS, harvest
 from companion.harvest.schema import SCHEMA, arrow_schema, column_names, schema_markdown

@@ -3,7 +3,7 @@
 :func:`chapter_traces` is what chapters 7 and 8 call: it returns the traces of a finished
 harvest (``traces_dir``), or harvests a preset into a folder named after its configuration
 (:func:`default_traces_dir`), resuming what is there and setting aside a cache made by another
-configuration. The statistics computed on the traces live in :mod:`companion.analysis`.
+configuration. The statistics computed on the traces live in :mod:`companion.analysis.traces`.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     or of another configuration) is harvested in this process; so is everything when the
     processes fail, after saying why.
     """
-    from companion.devices import resolve_device, usable_cores
+    from companion.models.devices import resolve_device, usable_cores
     from companion.harvest import read_manifest
 
     if traces_dir:

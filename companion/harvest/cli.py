@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from companion.harvest.presets import PRESETS
+from companion.models.presets import PRESETS
 
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 EXIT_REFUSED = 2
@@ -80,7 +80,7 @@ def _csv_ints(text: str) -> list[int]:
 
 def _criteria_specs(text: str) -> list[str]:
     """Criterion specs, ';'-separated, each parsed now (the engine's own message names a bad one)."""
-    from companion.criteria import parse_criterion
+    from companion.certify.criteria import parse_criterion
 
     specs = [s.strip() for s in text.split(";") if s.strip()]
     if not specs:
@@ -216,7 +216,8 @@ def _interrupted_message(out: Path, harvest_started: bool) -> str:
 def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     import torch
 
-    from companion.harvest import presets as pr
+    from companion.models import presets as pr
+    from companion.prompts import ultrachat
 
     plan = _plan(args)
     _check_out(args.out)
@@ -225,12 +226,12 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     _check_device(args.device)
 
     # Nothing can be found wrong without the models from here on.
-    from companion.devices import resolve_device
+    from companion.models.devices import resolve_device
     from companion.harvest.core import distributed_context, harvest
     from companion.harvest.plan import load_planned
     from companion.harvest.store import HarvestConfigError
-    from companion.models import WeightsUnavailableError
-    from companion.prompts import dumps_prompts, with_token_counts
+    from companion.models.loading import WeightsUnavailableError
+    from companion.prompts.sets import dumps_prompts, with_token_counts
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -238,7 +239,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
     device = resolve_device(args.device, local_rank=dist.local_rank, world=dist.world)
     try:
         target, draft_model, tokenizer, prompts = load_planned(plan, device=device, dtype=args.dtype)
-    except (WeightsUnavailableError, pr.PromptsUnavailableError, ValueError, OSError) as err:
+    except (WeightsUnavailableError, ultrachat.PromptsUnavailableError, ValueError, OSError) as err:
         # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
         raise Refusal(_one_line(err)) from None
 
@@ -348,7 +349,7 @@ def _check_new_file(path: Path, option: str) -> None:
 
 def _check_device(requested: str | None) -> None:
     """A device torch knows and this machine has."""
-    from companion.devices import DeviceUnavailableError, check_device
+    from companion.models.devices import DeviceUnavailableError, check_device
 
     try:
         check_device(requested)

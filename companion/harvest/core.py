@@ -15,13 +15,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from companion.criteria import PAPER_CRITERIA, Criterion, parse_criteria
+from companion.certify.criteria import PAPER_CRITERIA, Criterion, parse_criteria
 from companion.harvest import store
 from companion.harvest.decode import BlockHook, decode_batch
 from companion.harvest.schema import arrow_schema
 from companion.harvest.stats import StepStatistics
-from companion.prompts import Prompt, prompt_set_digest
-from companion.shortlist_llama import logit_count
+from companion.prompts.sets import Prompt, prompt_set_digest
+from companion.models.shortlist_llama import logit_count
 
 TREE_WIDTHS: tuple[int, ...] = (1, 2, 4, 8)
 ORDERS = ("length", "given")

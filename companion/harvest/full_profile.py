@@ -113,7 +113,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
     """
     from companion.harvest import load_traces
     from companion.harvest.store import read_manifest
-    from companion.size_axis import non_embedding_parameters
+    from companion.analysis.size_axis import non_embedding_parameters
 
     harvest = read_manifest(run_dir)
     table = load_traces(run_dir)

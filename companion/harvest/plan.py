@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from companion.harvest import presets as pr
-from companion.prompts import Prompt
+from companion.models import presets as pr
+from companion.prompts import ultrachat as uc
+from companion.prompts.sets import Prompt
 
 
 class PlanError(ValueError):
@@ -72,8 +73,8 @@ def plan_harvest(
     would bring its drafter); a target given without a drafter harvests no drafter unless the
     preset names a hub drafter.
     """
-    from companion.models import local_folder_problem, looks_like_local_path
-    from companion.tiny_pair import ASSET_DIR
+    from companion.models.loading import local_folder_problem, looks_like_local_path
+    from companion.models.tiny_pair import ASSET_DIR
 
     try:
         spec = pr.get_preset(preset)
@@ -82,9 +83,9 @@ def plan_harvest(
     if no_drafter and drafter:
         raise PlanError(f"--drafter {drafter} and --no-drafter contradict each other: give one")
     needed = []
-    if spec.target == "default" and not target:
+    if spec.embedded and not target:
         needed.append("target")
-    embedded_drafter = spec.drafter == "default" and not (drafter or no_drafter or target)
+    embedded_drafter = spec.embedded and not (drafter or no_drafter or target)
     if embedded_drafter:
         needed.append("drafter")
     if spec.prompts == "default" and not prompts:
@@ -94,17 +95,17 @@ def plan_harvest(
     except FileNotFoundError as err:
         raise PlanError(_one_line(err)) from None
 
-    target_name = target or (str(ASSET_DIR / "target") if spec.target == "default" else spec.target)
+    target_name = target or (str(ASSET_DIR / "target") if spec.embedded else spec.target)
     if no_drafter:
         drafter_name = None
     elif drafter:
         drafter_name = drafter
-    elif spec.drafter == "default":
+    elif spec.embedded:
         drafter_name = str(ASSET_DIR / "drafter") if embedded_drafter else None
     else:
         drafter_name = spec.drafter
     tokenizer_name = tokenizer or spec.tokenizer
-    if tokenizer_name is None and not target and spec.target == "default":
+    if tokenizer_name is None and not target and spec.embedded:
         tokenizer_name = str(ASSET_DIR / "tokenizer")
     for option, name, kind in (("--target", target, "model"), ("--drafter", drafter, "model"),
                                ("--tokenizer", tokenizer, "tokenizer")):
@@ -133,21 +134,21 @@ def plan_harvest(
 def _plan_prompts(spec: pr.Preset, prompts: str | os.PathLike[str] | None, n_prompts: int | None,
                   ultrachat: str | os.PathLike[str] | None) -> tuple[list[Prompt] | None, str]:
     """The prompts (None for an UltraChat selection, made once the tokenizer is loaded) and the set's name."""
-    from companion.prompts import load_prompts
+    from companion.prompts.sets import load_prompts
 
     if not prompts and spec.prompts == "ultrachat":
         if ultrachat is not None and not Path(ultrachat).exists():
             raise PlanError(f"--ultrachat {ultrachat}: no such file or folder")
         if ultrachat is None and importlib.util.find_spec("datasets") is None:
-            raise PlanError(f"the {spec.name} preset draws its prompts from {pr.ULTRACHAT}, which needs the "
+            raise PlanError(f"the {spec.name} preset draws its prompts from {uc.ULTRACHAT}, which needs the "
                             "`datasets` library (pip install datasets) or local files: --ultrachat PATH, or "
                             "--prompts FILE")
-        return None, f"{pr.ULTRACHAT}:{pr.ULTRACHAT_SPLIT}"
+        return None, f"{uc.ULTRACHAT}:{uc.ULTRACHAT_SPLIT}"
     source = prompts or spec.prompts
     try:
         loaded = load_prompts(source)
     except FileNotFoundError:
-        from companion.prompts import PRESET_PROMPT_FILES, PRESET_PROMPT_MIXES
+        from companion.prompts.sets import PRESET_PROMPT_FILES, PRESET_PROMPT_MIXES
 
         raise PlanError(f"--prompts {source}: no such file (nor a prompt set name: "
                         f"{', '.join(sorted(PRESET_PROMPT_FILES | PRESET_PROMPT_MIXES))})") from None
@@ -165,17 +166,17 @@ def _plan_prompts(spec: pr.Preset, prompts: str | os.PathLike[str] | None, n_pro
 def load_planned(plan: HarvestPlan, *, device: Any = None, dtype: Any = None) -> tuple[Any, Any, Any, list[Prompt]]:
     """``(target, drafter or None, tokenizer, prompts)`` of ``plan``, loaded on ``device`` in ``dtype``.
 
-    Raises what :func:`companion.models.load_pair` raises (``WeightsUnavailableError``,
+    Raises what :func:`companion.models.loading.load_pair` raises (``WeightsUnavailableError``,
     ``ValueError`` on mismatched tokenizers, ``OSError``) and
-    :class:`companion.harvest.presets.PromptsUnavailableError`.
+    :class:`companion.prompts.ultrachat.PromptsUnavailableError`.
     """
-    from companion.models import load_pair, load_tokenizer
+    from companion.models.loading import load_pair, load_tokenizer
 
     prompts = plan.prompts
     if prompts is None:  # UltraChat: the selection measures lengths in the target's tokenizer
         tokenizer = load_tokenizer(plan.tokenizer or plan.target)
-        prompts = pr.select_ultrachat_prompts(
-            pr.ultrachat_rows(plan.ultrachat), tokenizer, n=plan.n_prompts or 500,
+        prompts = uc.select_ultrachat_prompts(
+            uc.ultrachat_rows(plan.ultrachat), tokenizer, n=plan.n_prompts or 500,
             min_tokens=plan.min_prompt_tokens, seed=plan.seed, enable_thinking=plan.enable_thinking)
     # A model preset named as its own drafter (smollm2) brings the drafter the preset resolves to.
     own = plan.drafter is not None and plan.drafter == plan.target
@@ -183,7 +184,7 @@ def load_planned(plan: HarvestPlan, *, device: Any = None, dtype: Any = None) ->
                                            device=device, dtype=dtype)
     if getattr(tokenizer, "chat_template", None):
         # the chat requests in the answering model's own template (the file holds SmolLM2's)
-        from companion.chat_requests import retemplated
+        from companion.prompts.families import retemplated
 
         prompts = retemplated(prompts, tokenizer)
     return target, drafter, tokenizer, prompts

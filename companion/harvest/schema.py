@@ -10,7 +10,7 @@ its logits, ``V`` tokens), the drafter's is ``q``; ``p(1) >= p(2) >= ...`` are `
 ``g`` is the target's greedy token and ``d`` the drafter's. Both are *id-based* argmaxes
 (``torch.argmax``: the lowest id among exact ties), as every greedy decoder implements them.
 A criterion ``c`` accepts a token ``y`` iff ``p_y >= tau_c(p)`` (``>`` for typical acceptance);
-``rho*_c`` is its exact certificate (``companion.kl_certificates``).
+``rho*_c`` is its exact certificate (``companion.certify.certificates``).
 """
 from __future__ import annotations
 

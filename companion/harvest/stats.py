@@ -6,9 +6,9 @@ the device or outlives the call; the results are ``[N]`` (or ``[N, top_k]``) ten
 
 What is computed, and by whom:
 
-* the target's top-``K`` summary and entropy: :func:`companion.summary.summarize` (so every
+* the target's top-``K`` summary and entropy: :func:`companion.certify.summary.summarize` (so every
   probability here is normalised exactly as the certificate engine normalises it);
-* the certificates: :func:`companion.kl_certificates.certificates`, one call for all criteria,
+* the certificates: :func:`companion.certify.certificates.certificates`, one call for all criteria,
   both divergences and all tree widths;
 * the drafter side: ``KL(p||q)``, ``KL(q||p)`` and ``TV(p, q)`` in float64 from one pass over
   each row (below), argmaxes and ranks by comparisons on the logits, acceptance by each
@@ -18,12 +18,12 @@ Ties. The certificates are the engine's default, the worst case over tie-breaks,
 certified step is accepted by every decoder that breaks exact ties in a fixed way. The verdicts
 are those of the decoders, which break ties by token id (transformers, vLLM and TensorRT-LLM take
 the target's token with ``argmax``, first index wins): ranks are
-:func:`~companion.criteria.index_rank` on the logits (``1 + #{z : l_z > l_y} + #{z < y : l_z == l_y}``,
+:func:`~companion.certify.criteria.index_rank` on the logits (``1 + #{z : l_z > l_y} + #{z < y : l_z == l_y}``,
 the order of ``torch.argmax`` and of a stable sort), strict greedy accepts the draft ``d`` iff
 ``d == token`` (``draft_rank == 1``), top-m iff ``draft_rank <= m``, and a greedy tree of width
 ``m`` covers a step iff ``token`` is among the drafter's id-ordered top ``m``
 (``token_rank_in_draft <= m``); ``mars:T`` accepts iff ``draft_rank <= 2`` on the steps whose
-target logits relax it (:class:`~companion.criteria.Mars`: ``z(1) > 0``, ``z(2) / z(1) > T``),
+target logits relax it (:class:`~companion.certify.criteria.Mars`: ``z(1) > 0``, ``z(2) / z(1) > T``),
 ``draft_rank == 1`` elsewhere, decided on the harvested logits themselves. A step certified (tree-certified) under the worst case is
 accepted (covered) under any fixed tie-break, this one included; ``torch.topk``'s own order among
 exact ties is unspecified (on the CPU it does not follow ids), which the worst case covers too.
@@ -35,11 +35,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from companion.kl_certificates import certificates
-from companion.criteria import Criterion, index_rank, parse_criteria
+from companion.certify.certificates import certificates
+from companion.certify.criteria import Criterion, index_rank, parse_criteria
 from companion.harvest.schema import column
-from companion.summary import DEFAULT_TOP, summarize
-from companion.validation import check_tree_width
+from companion.certify.summary import DEFAULT_TOP, summarize
+from companion.certify.validation import check_tree_width
 
 FORWARD, REVERSE = "forward", "reverse"
 DIVERGENCES = (FORWARD, REVERSE)
@@ -51,7 +51,7 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 class StepStatistics:
     """Computes the trace columns of a block of steps.
 
-    ``criteria``: specs or :class:`~companion.criteria.Criterion` objects; ``tree_widths``:
+    ``criteria``: specs or :class:`~companion.certify.criteria.Criterion` objects; ``tree_widths``:
     the ``m`` of the tree certificates; ``top_k``: how many of the target's largest
     probabilities are kept per step; ``vocab``: the models' vocabulary size (checked).
     """

@@ -5,7 +5,7 @@ per byte, ids 2..257; ``<|endoftext|>`` = 0, ``<|pad|>`` = 1, left padding). :fu
 builds a random Qwen3 target and a drafter that is a noisy copy of it (so the two distributions
 are close, as a distilled drafter's are, and certificates are met on some steps and missed on
 others), and :func:`save_pair` writes them as ``save_pretrained`` folders that
-:func:`companion.models.load_pair` and ``companion harvest --target/--drafter`` load.
+:func:`companion.models.loading.load_pair` and ``companion harvest --target/--drafter`` load.
 """
 from __future__ import annotations
 

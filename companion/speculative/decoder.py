@@ -11,15 +11,15 @@ cropped to the tokens they computed on the kept prefix.
   after the emitted prefix, so the output is the target's own greedy decoding: *lossless* (up to
   the floating-point differences between a one-token and a multi-token forward, which only
   matter at exact near-ties of the target's logits).
-* any other spec of :mod:`companion.criteria` (``"multiplicative:0.1"``...): draft ``d_t`` is
+* any other spec of :mod:`companion.certify.criteria` (``"multiplicative:0.1"``...): draft ``d_t`` is
   accepted iff a real decoder accepts it under that criterion
-  (:meth:`~companion.criteria.Criterion.decoder_accepts`): ``p_t(d_t) >= tau(p_t)`` (``>`` for
+  (:meth:`~companion.certify.criteria.Criterion.decoder_accepts`): ``p_t(d_t) >= tau(p_t)`` (``>`` for
   typical acceptance) and, for the rank conditions, ``d_t`` in the id-ordered ``topk(p_t, M)``
   (``topm:M``; ``topk(p_t, K)`` for ``topk-delta:K,D``), exact ties going to the lowest id, as
   ``torch.argmax``/``topk`` resolve them. The output is *lossy*: it is no
   longer the target's greedy decoding, only a sequence in which every token passed the criterion.
   Calibrated policies then use that criterion's drafter-side certificate.
-* ``criterion="mars:THETA"`` (:class:`~companion.criteria.Mars`, a lossy relaxation): draft ``d_t``
+* ``criterion="mars:THETA"`` (:class:`~companion.certify.criteria.Mars`, a lossy relaxation): draft ``d_t``
   is accepted iff it is the target's argmax, or, on a *relaxed* step (``z(1) > 0`` and
   ``z(2) / z(1) > THETA`` for the two largest raw target logits, ratio in float64), one of the
   id-ordered ``topk(z_t, 2)``. The rule reads the target's logits as the forward returns them
@@ -46,8 +46,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from companion.criteria import Criterion, StrictGreedy, parse_criterion
-from companion.shortlist_llama import logit_count
+from companion.certify.criteria import Criterion, StrictGreedy, parse_criterion
+from companion.models.shortlist_llama import logit_count
 from companion.speculative.policies import DraftStep, Policy, RoundOutcome, parse_policy
 
 
@@ -111,7 +111,7 @@ class SpeculativeResult:
 @lru_cache(maxsize=1)
 def _drafter_side() -> Callable[..., Tensor] | None:
     try:
-        from companion.drafter_side import drafter_certificate  # type: ignore[import-not-found]
+        from companion.drafter.certificates import drafter_certificate  # type: ignore[import-not-found]
     except ImportError:
         return None
     return drafter_certificate
@@ -122,7 +122,7 @@ def drafter_rho(q_logits: Tensor, criterion: Criterion, q1: float, q2: float) ->
 
     For ``greedy`` the closed form ``-log(1 - (sqrt q(1) - sqrt q(2))^2)`` (exact; computed here in
     float64 from ``q1, q2``, a thousand times cheaper than a general routine). Otherwise
-    :func:`companion.drafter_side.drafter_certificate` on the logits when that module is present,
+    :func:`companion.drafter.certificates.drafter_certificate` on the logits when that module is present,
     and the strict-greedy closed form when it is not: a sound (smaller) certificate for every
     criterion that accepts each target argmax, since such a criterion rejects ``d`` only where
     strict greedy does. For criteria that read the target's raw logits (``needs_logits``: MARS)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from companion.criteria import StrictGreedy
+from companion.certify.criteria import StrictGreedy
 from companion.speculative.decoder import (
     _check_ids_in_vocab,
     _check_model,

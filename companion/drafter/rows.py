@@ -1,0 +1,76 @@
+"""The drafter's rows as the drafter-side certificates read them: the sorted top of ``q`` and
+the mass beyond it (float64, normalised). One module that both :mod:`companion.drafter.certificates` and
+:mod:`companion.drafter.typical` import, so that neither imports the other's internals."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from companion.certify.summary import DEFAULT_TOP, map_rows, summarize
+
+# Tails below this are summed directly (1 - sum(top K) would carry an absolute error ~1e-15).
+_TAIL_DIRECT = 1e-3
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Normalised float64 top-``K`` of each row of ``q`` (``[N, K]``, decreasing), the token ids,
+    and ``beyond``: the mass of the ``V - K`` other tokens, summed on its own scale."""
+
+    values: Tensor
+    logs: Tensor  # log(values); from the logits themselves when given (finite where values underflow)
+    indices: Tensor
+    beyond: Tensor
+    vocab: int
+    lead_shape: torch.Size
+    norm: Tensor
+    flat: Tensor
+    from_logits: bool
+
+    def rest(self, start: int) -> Tensor:
+        """``sum_{i > start} q(i)`` (1-based ``i``): the mass below the top ``start`` tokens."""
+        return self.beyond + self.values[:, start:].sum(1)
+
+
+def _beyond_mass(rows: Tensor, kth: Tensor, n_top: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
+    """Mass of the tokens outside the top ``K``: those strictly below the ``K``-th value plus
+    the ties with it that ``topk`` left out. Accumulated in float64 from the row's own dtype."""
+    work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
+    k = kth.to(work.dtype).unsqueeze(1)
+    below = work < k
+    ties = (work == k).sum(1) - n_top
+    if from_logits:
+        # Shift by the K-th logit itself (exactly representable), not by the float64 normaliser
+        # rounded to the row's dtype, which would bias every term alike.
+        terms = torch.exp(work - k)
+        kth_mass = torch.exp(kth.to(torch.float64) - norm)
+        return (torch.where(below, terms, torch.zeros_like(terms)).sum(1, dtype=torch.float64) + ties) * kth_mass
+    s = torch.where(below, work, torch.zeros_like(work)).sum(1, dtype=torch.float64)
+    return (s + ties * kth.to(torch.float64)) / norm
+
+
+def rows(q: Tensor, from_logits: bool, k: int) -> Rows:
+    """Validate and summarise ``q``: its top ``max(k, 64)`` and the mass beyond them."""
+    k = max(k, DEFAULT_TOP)
+    s = summarize(q, from_logits=from_logits, k=k)  # validates q
+    flat = q.reshape(-1, s.vocab)
+    if s.k >= s.vocab:
+        beyond = torch.zeros_like(s.norm)
+    else:
+        # 1 - sum(top K) carries an absolute error ~1e-15: relative 1e-12 for a tail above
+        # 1e-3. Smaller tails (peaked rows, where Z ~ R matters) are summed on their own.
+        beyond = (1 - s.values.sum(1)).clamp(min=0.0)
+        small = beyond < _TAIL_DIRECT
+        if bool(small.any()):
+            idx = torch.nonzero(small).squeeze(1)
+            raw_top = flat.index_select(0, idx).gather(1, s.indices.index_select(0, idx))
+            kth = raw_top[:, -1]
+            n_top = (raw_top == kth.unsqueeze(1)).sum(1)
+            full_kth = torch.zeros_like(s.norm, dtype=kth.dtype).index_copy(0, idx, kth)
+            full_n = torch.zeros_like(s.norm, dtype=n_top.dtype).index_copy(0, idx, n_top)
+            exact = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits),
+                             flat, full_kth, full_n, s.norm, idx=idx)
+            beyond = beyond.index_copy(0, idx, exact)
+    return Rows(s.values, s.log_values(), s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits)

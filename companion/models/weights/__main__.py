@@ -1,0 +1,3 @@
+from companion.models.weights.cli import main
+
+raise SystemExit(main())

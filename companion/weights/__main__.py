@@ -1,3 +1,0 @@
-from companion.weights.cli import main
-
-raise SystemExit(main())
