@@ -81,7 +81,7 @@ from typing import Any
 
 from companion import atomic
 from companion.assets import CHAT_REQUESTS_DIR
-from companion.prompts.sets import MIN_TOKENS, Prompt, dumps_prompts, templated
+from companion.prompts.sets import MIN_TOKENS, Prompt, dumps_prompts, templated, templated_prompt
 
 #: The kinds of request, in the order the set lists them.
 KINDS: tuple[str, ...] = ("writing", "open-question", "explanation", "advice", "arithmetic", "code",
@@ -244,15 +244,8 @@ def build_prompt_set(tokenizer: Any, requests: Sequence[ChatRequest]) -> list[Pr
     holds the special tokens). Raises ``ValueError`` naming the first request under
     :data:`MIN_TOKENS` tokens; nothing is returned then.
     """
-    prompts: list[Prompt] = []
-    for i, r in enumerate(requests):
-        text = templated(tokenizer, r.text)
-        n_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n_tokens < MIN_TOKENS:
-            raise ValueError(f"request {r.request_id} has {n_tokens} tokens once chat-templated; every request "
-                             f"must have at least {MIN_TOKENS}")
-        prompts.append(Prompt(r.request_id, text, n_tokens, f"{SOURCE_PREFIX}:{r.kind}:{r.split}", i))
-    return prompts
+    return [templated_prompt(tokenizer, r.request_id, r.text, f"{SOURCE_PREFIX}:{r.kind}:{r.split}", i)
+            for i, r in enumerate(requests)]
 
 
 def asset_order(requests: Sequence[ChatRequest], seed: int = 0) -> list[ChatRequest]:

@@ -182,3 +182,15 @@ def templated(tokenizer: Any, text: str) -> str:
         raise ValueError("tokenizer must have a chat template (a chat model's tokenizer), got one without")
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                          add_generation_prompt=True, enable_thinking=False)
+
+
+def templated_prompt(tokenizer: Any, request_id: str, text: str, source: str, line: int) -> Prompt:
+    """A request's :class:`Prompt`: ``text`` in the tokenizer's chat template (:func:`templated`) and its
+    token count. Raises ``ValueError`` naming ``request_id`` when it has under :data:`MIN_TOKENS` tokens
+    (the paper's selection rule)."""
+    prompt_text = templated(tokenizer, text)
+    n_tokens = len(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
+    if n_tokens < MIN_TOKENS:
+        raise ValueError(f"request {request_id} has {n_tokens} tokens once chat-templated; every request "
+                         f"must have at least {MIN_TOKENS}")
+    return Prompt(request_id, prompt_text, n_tokens, source, line)

@@ -46,7 +46,7 @@ from typing import Any
 
 from companion import atomic
 from companion.assets import STDLIB_REQUESTS_DIR
-from companion.prompts.sets import MIN_TOKENS, Prompt, dumps_prompts, templated
+from companion.prompts.sets import Prompt, dumps_prompts, templated_prompt
 
 #: The modules scanned, in this order (pure functions with documentation a short example can use).
 MODULES: tuple[str, ...] = (
@@ -250,15 +250,8 @@ def requests_document(requests: Sequence[StdlibRequest]) -> dict[str, Any]:
 
 def build_prompt_set(tokenizer: Any, requests: Sequence[StdlibRequest]) -> list[Prompt]:
     """The prompts of ``requests`` in the tokenizer's chat template (``source`` = family, module and task)."""
-    prompts = []
-    for i, r in enumerate(requests):
-        text = templated(tokenizer, r.text)
-        n_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if n_tokens < MIN_TOKENS:
-            raise ValueError(f"request {r.request_id} has {n_tokens} tokens once chat-templated; every request "
-                             f"must have at least {MIN_TOKENS}")
-        prompts.append(Prompt(r.request_id, text, n_tokens, f"{SOURCE_PREFIX}:{r.module}:{r.task}", i))
-    return prompts
+    return [templated_prompt(tokenizer, r.request_id, r.text, f"{SOURCE_PREFIX}:{r.module}:{r.task}", i)
+            for i, r in enumerate(requests)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,6 +84,12 @@ def oracle_result(chains: RecordedChains, costs: CostModel, *, fast: bool = True
         accepted.append(min(k, chains.matched[s]))
         draft_tokens.append([d.token for d in chains.chains[s][:k]])
         s = _advance(chains, s, k)
+    return _replayed_result(chains, plan, accepted, draft_tokens)
+
+
+def _replayed_result(chains: RecordedChains, plan: list[int], accepted: list[int],
+                     draft_tokens: list[list[int]]) -> SpeculativeResult:
+    """The oracle's rounds on ``chains`` as a :class:`SpeculativeResult` (replayed: no timings)."""
     nan = math.nan
     return SpeculativeResult(
         tokens=torch.tensor(chains.tokens, dtype=torch.long),
@@ -110,7 +116,6 @@ def oracle_results(recordings: list[RecordedChains], costs: CostModel, *, fast: 
     if not fast:
         return [oracle_result(ch, costs, fast=False) for ch in recordings]
     out = []
-    nan = math.nan
     for ch, (_, choice) in zip(recordings, oracle_dp_many(list(recordings), costs)):
         drafts = chain_arrays(ch).drafts
         n = len(ch.tokens)
@@ -123,18 +128,5 @@ def oracle_results(recordings: list[RecordedChains], costs: CostModel, *, fast: 
             accepted.append(a)
             draft_tokens.append(list(drafts[s][:k]))
             s = min(s + a + 1, n)
-        out.append(SpeculativeResult(
-            tokens=torch.tensor(ch.tokens, dtype=torch.long),
-            target_forwards=len(plan),
-            drafter_forwards=sum(plan),
-            accepted=accepted,
-            submitted=list(plan),
-            drafted=list(plan),
-            policy="oracle",
-            criterion=str(_GREEDY),
-            timings=Timings(wall_s=nan, target_s=nan, drafter_s=nan),
-            draft_tokens=draft_tokens,
-            ended_by_eos=ch.ended_by_eos,
-            extra={"replayed": True},
-        ))
+        out.append(_replayed_result(ch, plan, accepted, draft_tokens))
     return out
