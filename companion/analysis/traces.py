@@ -93,7 +93,9 @@ from companion.certify.summary import TopSummary
 __all__ = [
     "AcceptanceRow",
     "BinnedCurves",
+    "EPS_GRID",
     "Enlargement",
+    "REGIME_QUANTILES",
     "RoundLengths",
     "SoundnessReport",
     "Summary",
