@@ -72,11 +72,11 @@ def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     assert full.parameters == {**cpu.parameters, "n_eval_prompts": 32, "n_live_prompts": 2}
     assert full.notebooks == {}
     assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 96
-    # the default build trims chapter 10 to 22 answers: the notebook's own default
+    # the default build trims chapter 10 to 14 answers: the notebook's own default
     from companion.book.parameters import notebook_parameters
 
     declared = notebook_parameters(ROOT / "notebooks" / "10_decode_time.ipynb")
-    assert declared["n_eval_prompts"].value == 22
+    assert declared["n_eval_prompts"].value == 14
 
 
 def test_ci_profile_is_the_cpu_profile_at_smaller_sizes_with_one_shared_harvest() -> None:
