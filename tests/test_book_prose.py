@@ -168,3 +168,6 @@ def test_two_comparisons_of_one_outcome_are_said_in_one_clause() -> None:
         assert "q(1) alone and the rule driven by the plain margin" in text and "respectively" in text, text
     text = comparisons_phrase([(RatioEstimate(0.972, 0.93, 1.01), "A"), (RatioEstimate(0.95, 0.93, 0.97), "B")])
     assert "not resolved from A" in text and "cheaper than B" in text
+    # one ratio below 1 and one within 0.05% of it (this build's chapter 10): each is a number with its side of 1
+    text = comparisons_phrase([(RatioEstimate(0.9941, 0.986, 1.002), "A"), (RatioEstimate(1.0002, 0.993, 1.007), "B")])
+    assert "the ratios are 0.994 (below 1 by 0.6%) and 1.0002 (within 0.05% of 1) respectively" in text, text

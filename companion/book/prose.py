@@ -85,9 +85,11 @@ def _merged_phrase(kind: str, items: Sequence[tuple[Ratio, str]]) -> str:
         return f"about {sizes} cheaper than {names} respectively, with each whole interval below 1"
     if kind == DEARER:
         return f"about {sizes} dearer than {names} respectively, with each whole interval above 1"
+    # each ratio as a number with its side of 1 (a bare "below 1 by 0.6% and 1.0002" reads as two distances)
     where = _join(["exactly 1" if est.point == 1.0 else
-                   f"{est.point:.4f}" if abs(est.point - 1.0) < 0.0005 else
-                   f"{'below' if est.point < 1 else 'above'} 1 by {abs(est.point - 1.0):.1%}" for est, _ in items])
+                   f"{est.point:.4f} (within 0.05% of 1)" if abs(est.point - 1.0) < 0.0005 else
+                   f"{est.point:.3f} ({'below' if est.point < 1 else 'above'} 1 by {abs(est.point - 1.0):.1%})"
+                   for est, _ in items])
     return f"not resolved from {names} on these prompts: the ratios are {where} respectively, and each interval contains 1"
 
 
