@@ -16,7 +16,7 @@ import math
 import mpmath
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from companion import certificates, certified
@@ -122,6 +122,9 @@ def _logits(w: list[list[int]]) -> torch.Tensor:
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(_batch())
+# q is strict greedy's witness for p (KL = rho* exactly) and its tie goes to the rejected token 0; with
+# torch's plain kernels float64 put KL 6e-17 below rho*: certified() must not certify it (rounding band)
+@example(([[5, 0, 6]], [[1, 0, 1]]))
 def test_certified_implies_accepted_on_probabilities(batch: tuple[list[list[int]], list[list[int]]]) -> None:
     """Rows of small integers normalised: zeros, ties at the top, at a rank boundary and at
     thresholds (p(1) - D and A p(1) land on other tokens' values)."""

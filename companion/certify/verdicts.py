@@ -13,7 +13,8 @@ greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"
   :func:`companion.certify.certificates.certificates`, under the worst case over tie-breaks
   (``ties="worst"``, the default; ``"level-set"`` for analysis);
 * ``kl``: ``D(p, q)``, from :func:`companion.certify.certificates.kl_divergence`;
-* ``certified``: ``kl < certificate``, or ``c`` rejects no token of ``p`` at all.
+* ``certified``: ``kl < certificate - band``, or ``c`` rejects no token of ``p`` at all; ``band`` is
+  :data:`ROUNDING_BAND` times the magnitudes of the divergence's terms (below).
 
 The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q`` and, with
 ``ties="worst"``, for every fixed tie-break of ``p``, so a certified step is accepted by every
@@ -30,7 +31,15 @@ token has ``KL = +inf`` and is *not* certified (``p = [1, 0, 0]``, ``q = [0, 1, 
 ``rho* = +inf``, ``KL(q || p) = +inf``, rejected). So ``certified`` is ``KL < rho*`` or an empty
 rejection region, never ``rho* = +inf`` alone; with that, ``certified => accepted`` holds on
 every row under ``ties="worst"``, zeros and ``-inf`` logits included.
-A KL within float64 rounding of ``rho*`` is decided by that rounding.
+
+Rounding. A drafter can sit exactly on the boundary, ``KL = rho*``, and be rejected there: ``p =
+[5/11, 0, 6/11]``, ``q = [1/2, 0, 1/2]`` under strict greedy is the witness itself (``argmax q = 0``
+by the first-index rule, rejected), and float64 put the computed KL 6e-17 *below* the computed
+``rho*`` with torch's plain (non-SIMD) kernels. So ``certified`` asks for a margin: ``KL + band <
+rho*`` with ``band = ROUNDING_BAND * (sum |a log a| + sum |a log b|)`` (``a``, ``b`` the divergence's
+two distributions, as summed). Each side is a float64 sum of such terms, rounded to a few ulps of
+each term plus the summation's error, about ``1e-15`` of that magnitude; ``1e-12`` of it is
+far above that and far below any gap a decision turns on. A KL inside the band is not certified.
 """
 from __future__ import annotations
 
@@ -40,9 +49,28 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certify.certificates import certificates, kl_divergence
+from companion.certify.certificates import certificates
 from companion.certify.criteria import Criterion, check_ties, parse_criteria, parse_criterion
+from companion.certify.summary import normalized_probabilities
 from companion.certify.validation import check_distribution_tensor, check_divergence, warn_if_probabilities
+
+
+ROUNDING_BAND = 1e-12
+"""Relative width of the band below ``rho*`` in which a KL is not certified (module docstring, Rounding)."""
+
+
+def _kl_and_band(p: Tensor, q: Tensor, direction: str, from_logits: bool) -> tuple[Tensor, Tensor]:
+    """``D(p, q)`` as :func:`~companion.certify.certificates.kl_divergence` computes it (the same operations, so
+    the same bits) and ``ROUNDING_BAND * (sum |a log a| + sum |a log b|)`` from the same terms."""
+    a = normalized_probabilities(p, from_logits=from_logits, what="p")
+    b = normalized_probabilities(q, from_logits=from_logits, what="q")
+    if direction == "reverse":
+        a, b = b, a
+    own, cross = torch.xlogy(a, a), torch.xlogy(a, b)
+    kl = (own - cross).sum(-1).clamp(min=0.0)
+    # +inf where KL is: a > 0 where b == 0 makes cross -inf
+    band = ROUNDING_BAND * (own.abs().sum(-1) + cross.abs().sum(-1))
+    return kl, band
 
 
 @dataclass(frozen=True)
@@ -51,8 +79,8 @@ class Certification:
 
     ``token``: the drafter's greedy token ``argmax q`` (int64; the lowest id among exact ties).
     ``accepted``: a decoder that breaks ties by token id accepts ``token`` under the criterion (bool).
-    ``certified``: ``kl < certificate``, or the criterion rejects nothing (bool); certified
-    implies accepted (``ties="worst"``).
+    ``certified``: ``kl`` below ``certificate`` by more than the rounding band (module docstring), or the
+    criterion rejects nothing (bool); certified implies accepted (``ties="worst"``).
     ``certificate``: ``rho*(p)`` in nats (float64, ``+inf`` where nothing is rejected).
     ``kl``: the drafter's divergence ``D(p, q)`` in nats (float64).
     """
@@ -123,7 +151,8 @@ def certified(
     (``companion.certify.validation.warn_if_probabilities``).
 
     Returns a :class:`Certifications` mapping each criterion's spec to a :class:`Certification`
-    with, per row, ``certified`` (``KL < rho*``, or an empty rejection region) and ``accepted``;
+    with, per row, ``certified`` (``KL < rho*`` by more than the rounding band of the module docstring, or an
+    empty rejection region) and ``accepted``;
     ``certified => accepted`` holds on every row under ``ties="worst"``, zeros and ``-inf``
     logits included (module docstring).
     """
@@ -142,7 +171,7 @@ def certified(
     if not crits:
         raise ValueError("criteria is empty: give at least one criterion spec, e.g. 'greedy'")
     certs = certificates(p, crits, [divergence], from_logits=from_logits, ties=ties)
-    kl = kl_divergence(p, q, divergence, from_logits=from_logits)
+    kl, band = _kl_and_band(p, q, divergence, from_logits)
     token = q.argmax(-1)
     out = []
     for c in crits:
@@ -153,7 +182,7 @@ def certified(
         out.append(Certification(
             criterion=str(c), divergence=divergence, token=token,
             accepted=c.decoder_accepts(p, token, from_logits=from_logits),
-            certified=(kl < rho) | (torch.isposinf(rho) & nothing_rejected),
+            certified=(kl + band < rho) | (torch.isposinf(rho) & nothing_rejected),
             certificate=rho, kl=kl,
         ))
     return Certifications(out)
