@@ -680,10 +680,16 @@ def kl_divergence(p: Tensor, q: Tensor, direction: str = "forward", *, from_logi
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
     # Float64 over the whole vocabulary, on purpose: a reference divergence for tests and checks
     # (not on the certificates' path), exact to float64 on every token.
+    own, cross = kl_terms(p, q, direction, from_logits=from_logits)
+    # a > 0 where b == 0: xlogy gives +inf; a == 0: term 0.
+    return (own - cross).sum(-1).clamp(min=0.0)
+
+
+def kl_terms(p: Tensor, q: Tensor, direction: str, *, from_logits: bool = False) -> tuple[Tensor, Tensor]:
+    """``(a log a, a log b)`` per token, float64, with ``(a, b) = (p, q)`` (forward) or ``(q, p)`` (reverse):
+    the two halves of each term of :func:`kl_divergence` (``xlogy``: 0 where ``a = 0``)."""
     a = normalized_probabilities(p, from_logits=from_logits, what="p")
     b = normalized_probabilities(q, from_logits=from_logits, what="q")
     if direction == "reverse":
         a, b = b, a
-    terms = torch.xlogy(a, a) - torch.xlogy(a, b)
-    # a > 0 where b == 0: xlogy gives +inf; a == 0: term 0.
-    return terms.sum(-1).clamp(min=0.0)
+    return torch.xlogy(a, a), torch.xlogy(a, b)

@@ -49,9 +49,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certify.certificates import certificates
+from companion.certify.certificates import certificates, kl_terms
 from companion.certify.criteria import Criterion, check_ties, parse_criteria, parse_criterion
-from companion.certify.summary import normalized_probabilities
 from companion.certify.validation import check_distribution_tensor, check_divergence, warn_if_probabilities
 
 
@@ -60,13 +59,9 @@ ROUNDING_BAND = 1e-12
 
 
 def _kl_and_band(p: Tensor, q: Tensor, direction: str, from_logits: bool) -> tuple[Tensor, Tensor]:
-    """``D(p, q)`` as :func:`~companion.certify.certificates.kl_divergence` computes it (the same operations, so
-    the same bits) and ``ROUNDING_BAND * (sum |a log a| + sum |a log b|)`` from the same terms."""
-    a = normalized_probabilities(p, from_logits=from_logits, what="p")
-    b = normalized_probabilities(q, from_logits=from_logits, what="q")
-    if direction == "reverse":
-        a, b = b, a
-    own, cross = torch.xlogy(a, a), torch.xlogy(a, b)
+    """``D(p, q)`` as :func:`~companion.certify.certificates.kl_divergence` computes it (from the same terms, so
+    the same bits) and ``ROUNDING_BAND * (sum |a log a| + sum |a log b|)``."""
+    own, cross = kl_terms(p, q, direction, from_logits=from_logits)
     kl = (own - cross).sum(-1).clamp(min=0.0)
     # +inf where KL is: a > 0 where b == 0 makes cross -inf
     band = ROUNDING_BAND * (own.abs().sum(-1) + cross.abs().sum(-1))
