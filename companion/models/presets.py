@@ -234,7 +234,8 @@ def preset_or_fallback(name: str, say: Callable[[str], None] = print) -> str:
     from companion.models.weights.convert import cache_is_current
 
     models = PRESETS[name].registry_models if name in PRESETS else ()
-    missing = [m for m in models if not cache_is_current(converted_dir(source(m)), source(m))]
+    # converted at all (sizes): a damaged folder is converted again when it is loaded (ensure_converted)
+    missing = [m for m in models if not cache_is_current(converted_dir(source(m)), source(m), check_bytes=False)]
     if not missing or name == FALLBACK_PRESET:
         return name
     say(f"note: the preset {name!r} needs {', '.join(missing)}, not converted on this machine (a setup with "

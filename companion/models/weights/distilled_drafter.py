@@ -14,10 +14,10 @@ import os
 import shutil
 from pathlib import Path
 
-from companion.atomic import replace_dir, write_text
-from companion.models.weights.convert import RECORD, cache_root, locked
+from companion.atomic import replace_dir
+from companion.models.weights.convert import as_one_line, cache_root, locked, remove_leftovers, safetensors_errors
 from companion.models.weights.errors import WeightsUnavailableError
-from companion.models.weights.fetch import file_sha256
+from companion.models.weights.integrity import file_sha256, folder_problem, seal
 
 
 def drafter_dir(asset: Path, target_folder: Path, vocabulary_sha256: str, *, root: Path | None = None) -> Path | None:
@@ -27,6 +27,9 @@ def drafter_dir(asset: Path, target_folder: Path, vocabulary_sha256: str, *, roo
     trained on, which must be ``vocabulary_sha256`` (the converted target tokenizer's), and the
     sha256 of each of its files, which are checked. The folder is named after the drafter's
     weights and the target's conversion folder, so a new conversion of the target makes a new one.
+    Its record lists each of its files with its size and sha256: a folder whose files are not
+    those (checked once per change, :func:`~companion.models.weights.integrity.folder_problem`),
+    or whose record predates the digests, is built again before it is used.
     """
     manifest_path = asset / "manifest.json"
     if not manifest_path.is_file():
@@ -47,7 +50,15 @@ def drafter_dir(asset: Path, target_folder: Path, vocabulary_sha256: str, *, roo
         raise WeightsUnavailableError(f"{manifest_path} lists no model.safetensors")
     root = root or cache_root()
     folder = root / f"{asset.name}-{weights[:16]}-{target_folder.name}"
-    if (folder / RECORD).is_file():
+    try:
+        return _built(asset, files, manifest_path, target_folder, root, folder)
+    except (OSError, *safetensors_errors()) as err:
+        raise as_one_line(err, root, f"assembling the drafter {folder.name}") from err
+
+
+def _built(asset: Path, files: dict, manifest_path: Path, target_folder: Path, root: Path, folder: Path) -> Path:
+    """``folder``, built first unless it is intact (see :func:`drafter_dir`)."""
+    if folder_problem(folder) is None:
         return folder
     for name, digest in files.items():
         path = asset / name
@@ -55,10 +66,10 @@ def drafter_dir(asset: Path, target_folder: Path, vocabulary_sha256: str, *, roo
             raise WeightsUnavailableError(f"{path} is missing or damaged (its sha256 is not the {digest[:16]}... that "
                                           f"{manifest_path.name} records); restore it from the repository")
     with locked(root, folder.name):
-        if (folder / RECORD).is_file():
+        if folder_problem(folder) is None:
             return folder
+        remove_leftovers(root, folder)  # what a killed build left, and a damaged build (replaced below)
         tmp = root / f".{folder.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir(parents=True)
             for name in files:
@@ -69,8 +80,7 @@ def drafter_dir(asset: Path, target_folder: Path, vocabulary_sha256: str, *, roo
             for f in sorted(target_folder.iterdir()):
                 if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
                     shutil.copyfile(f, tmp / f.name)
-            write_text(tmp / RECORD, json.dumps({"drafter_files_sha256": files, "target": target_folder.name},
-                                                indent=1, sort_keys=True) + "\n")
+            seal(tmp, {"drafter_files_sha256": files, "target": target_folder.name})
             replace_dir(tmp, folder)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
