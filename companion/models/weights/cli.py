@@ -7,6 +7,9 @@ import time
 
 from companion.models.weights.errors import WeightsUnavailableError, one_line
 
+#: The exit status after a Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -46,9 +49,13 @@ def run(args: argparse.Namespace) -> int:
             started = time.perf_counter()
             folder = ensure_converted(name, progress=not args.quiet)
             print(f"{name}\t{folder}\t{time.perf_counter() - started:.0f} s", flush=True)
-    except WeightsUnavailableError as err:
+    except OSError as err:  # WeightsUnavailableError is one; any other is still one line
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C); the partial download and conversion were removed: run the same command "
+              "again to start over", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

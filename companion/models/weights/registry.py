@@ -120,13 +120,20 @@ def parse_sources(data: object, where: str = "the registry") -> dict[str, GgufSo
 
 @functools.cache
 def sources() -> dict[str, GgufSource]:
-    """Every model of ``REGISTRY_FILE`` (``companion/assets/package_weights.json``), by name."""
+    """Every model of ``REGISTRY_FILE`` (``companion/assets/package_weights.json``), by name.
+
+    A file that cannot be read, is not JSON or has an entry with a field missing or malformed is a
+    :class:`~companion.models.weights.errors.WeightsUnavailableError` naming the first fault.
+    """
     try:
         data = json.loads(REGISTRY_FILE.read_text())
     except (OSError, ValueError) as err:
         raise WeightsUnavailableError(f"cannot read {REGISTRY_FILE} ({type(err).__name__}: {err}); "
                                       "restore it from the repository") from None
-    return parse_sources(data, str(REGISTRY_FILE))
+    try:
+        return parse_sources(data, str(REGISTRY_FILE))
+    except ValueError as err:
+        raise WeightsUnavailableError(f"{' '.join(str(err).split())}; restore it from the repository") from None
 
 
 def source(name: str) -> GgufSource:
