@@ -10,13 +10,17 @@ The cache (:func:`companion.models.weights.convert.cache_root`: ``$COMPANION_CAC
 * **drafter** folders ``smollm2_drafter-<sha16>-<target folder>``: SmolLM2's committed drafter
   assembled with its target's embedding (:mod:`companion.models.weights.distilled_drafter`);
 * **leftovers** of interrupted writes: ``.<folder>.partial-<pid>`` folders,
-  ``<folder>.old-<pid>`` folders (:func:`companion.atomic.replace_dir`) and files in
-  ``downloads/`` (a conversion deletes its download);
+  ``<folder>.old-<pid>`` folders (:func:`companion.atomic.replace_dir`) of a folder named as this
+  code names them, and in ``downloads/`` a registry model's GGUF file, its ``.<file>.partial-<pid>``
+  and its ``.download-<model>-<pid>`` work folder (a conversion deletes its download; the next
+  conversion of that model removes what a killed one left);
 * lock files ``.<name>.lock`` (not listed, never deleted) and anything else (**unknown**: listed,
-  never deleted).
+  never deleted, and named as left alone by ``--prune``): a folder or file of another name, a
+  copy of a model, tokenizer or drafter folder under another name than its record gives it.
 
 An entry is **current** when the code would use it now: the folder
-``converted_dir(source(model))`` of each registry model when :func:`cache_is_current` holds, the
+``converted_dir(source(model))`` of each registry model when :func:`cache_is_current` holds
+(sizes only: the sha256 of its files are checked when it is next used), the
 tokenizer folder that a current model's record names, and the drafter folder built from the
 committed drafter for the current SmolLM2 conversion. Every other model, tokenizer or drafter
 folder is **stale**, and with the leftovers is what ``--prune`` deletes, after printing each one.
@@ -124,7 +128,7 @@ def in_use(root: Path) -> InUse:
 
     known = sources()
     models = frozenset(converted_dir(src, root).name for src in known.values()
-                       if cache_is_current(converted_dir(src, root), src))
+                       if cache_is_current(converted_dir(src, root), src, check_bytes=False))
     tokenizers = frozenset(str((read_record(root / n) or {}).get("tokenizer")) for n in models)
     drafter = (current_drafter_name(converted_dir(known[DRAFTER_TARGET], root).name)
                if DRAFTER_TARGET in known else None)
@@ -152,10 +156,13 @@ def classify(path: Path, use: InUse) -> list[Entry]:
     if name == "downloads" and path.is_dir():
         return _downloads(path, use.known)
     leftover = _PARTIAL.match(name) or _OLD.match(name)
-    if leftover and path.is_dir():
+    if leftover and path.is_dir() and _MODEL_FOLDER.match(leftover.group("of")):
         of = leftover.group("of")
         how = "an interrupted write" if leftover.re is _PARTIAL else "a replaced folder not yet removed"
         return [Entry(path, name, "leftover", size, f"{how} of {of}", "stale", "a leftover", _locks_of(of))]
+    if leftover:
+        return [Entry(path, name, "unknown", size, "named like a leftover, but of no folder this code writes",
+                      "unknown")]
     record = read_record(path) if path.is_dir() else None
     if record is None:
         return [Entry(path, name, "unknown", size, "no record of what wrote it", "unknown")]
@@ -163,6 +170,10 @@ def classify(path: Path, use: InUse) -> list[Entry]:
         model = str(record["model"])
         about = (f"model {model} ({record.get('display_name', '?')}), GGUF sha256 "
                  f"{str(record['gguf_sha256'])[:16]}..., conversion v{record.get('conversion_version', '?')}")
+        own = f"{model}-{str(record['gguf_sha256'])[:16]}-v{record.get('conversion_version')}"
+        if name != own:
+            return [Entry(path, name, "unknown", size, f"a copy of {about} under another name than the {own} this "
+                          "code writes", "unknown")]
         src = use.known.get(model)
         why = ("" if name in use.models else
                f"{model} is not in the registry" if src is None else
@@ -175,6 +186,10 @@ def classify(path: Path, use: InUse) -> list[Entry]:
         group = str(record.get("group", "?"))
         about = (f"tokenizer of group {group}, fingerprint {str(record['tokenizer_fingerprint'])[:16]}..., "
                  f"v{record.get('tokenizer_version', '?')}")
+        own = f"tokenizer-{group}-{str(record['tokenizer_fingerprint'])[:16]}-v{record.get('tokenizer_version')}"
+        if name != own:
+            return [Entry(path, name, "unknown", size, f"a copy of a {about} under another name than the {own} this "
+                          "code writes", "unknown")]
         why = "" if name in use.tokenizers else (
             f"tokenizer v{record.get('tokenizer_version')}, this code writes v{TOKENIZER_VERSION}"
             if record.get("tokenizer_version") != TOKENIZER_VERSION else "no current model's record names it")
@@ -183,6 +198,9 @@ def classify(path: Path, use: InUse) -> list[Entry]:
     if "drafter_files_sha256" in record:
         weights = str((record.get("drafter_files_sha256") or {}).get("model.safetensors", "?"))
         about = f"drafter, weights sha256 {weights[:16]}..., for target {record.get('target', '?')}"
+        if not re.fullmatch(rf".+-[0-9a-f]{{16}}-{re.escape(str(record.get('target')))}", name):
+            return [Entry(path, name, "unknown", size, f"a copy of a {about} under another name than this code "
+                          "writes", "unknown")]
         why = "" if name == use.drafter else (
             "no drafter is committed" if use.drafter is None else
             f"an old drafter build (the one in use: {use.drafter})")
@@ -197,7 +215,8 @@ def _locks_of(folder_name: str) -> list[str]:
 
 
 def _downloads(folder: Path, known: dict) -> list[Entry]:
-    """The files left in ``downloads/``: a conversion deletes its GGUF once converted, or failed."""
+    """The files left in ``downloads/``: a conversion deletes its GGUF once converted, or failed. Only the names a
+    download of a registry model writes are downloads; anything else there is unknown (never deleted)."""
     by_file = {src.file: name for name, src in known.items()}
     out = []
     for path in sorted(folder.iterdir()):
@@ -207,11 +226,15 @@ def _downloads(folder: Path, known: dict) -> list[Entry]:
             continue
         partial = _PARTIAL.match(path.name)
         work = _DOWNLOAD_WORK.match(path.name)
-        model = work.group("model") if work else by_file.get(partial.group("of") if partial else path.name)
-        about = f"a download of {model}" if model else "a download of no registry model"
-        # a download belongs to a running conversion while its model's lock is held: an unknown one, to any
-        locks = [model] if model else list(known)
-        out.append(Entry(path, name, "download", disk_size(path), about, "stale", "a leftover download", locks))
+        model = (work.group("model") if work and work.group("model") in known and path.is_dir() else
+                 by_file.get(partial.group("of")) if partial and path.is_file() else
+                 by_file.get(path.name) if path.is_file() else None)
+        if model is None:
+            out.append(Entry(path, name, "unknown", disk_size(path), "not a download of a registry model", "unknown"))
+            continue
+        # a download belongs to a running conversion while its model's lock is held
+        out.append(Entry(path, name, "download", disk_size(path), f"a download of {model}", "stale",
+                         "a leftover download", [model]))
     return out
 
 
@@ -251,10 +274,12 @@ def _inside(root: Path, path: Path) -> bool:
 
 def prune(root: Path, entries: list[Entry], *, dry_run: bool, out: TextIO | None = None) -> tuple[int, int]:
     """Delete the stale ``entries`` (printing each first, on ``out``: stdout by default); their count and bytes.
-    Never a current or unknown one."""
+    Never a current or unknown one: each unknown one is named as left alone."""
     out = out or sys.stdout
     count = freed = 0
     for e in entries:
+        if e.status == "unknown" and not dry_run:
+            print(f"left alone {e.name}: not written by the companion ({e.about})", file=out)
         if e.status != "stale" or not _inside(root, e.path):
             continue
         if dry_run:
@@ -297,17 +322,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``companion cache [--prune [--dry-run]]``: 0 when done, 2 with one line on stderr otherwise."""
-    from companion.models.weights.convert import cache_root
+    from companion.models.weights.convert import cache_root, cache_root_problem
 
     root = cache_root()
     try:
         if args.dry_run and not args.prune:
             raise WeightsUnavailableError("--dry-run shows what --prune would delete: pass both")
-        if not root.exists():
+        if not root.exists() and not root.is_symlink():
             print(f"cache: {root} does not exist (nothing cached yet)")
             return 0
-        if not root.is_dir():
-            raise WeightsUnavailableError(f"the cache {root} is not a folder; point COMPANION_CACHE at a folder")
+        if (problem := cache_root_problem(root)) is not None:
+            raise WeightsUnavailableError(problem)
         entries = survey(root)
         total = sum(e.size for e in entries)
         stale = [e for e in entries if e.status == "stale"]
@@ -323,4 +348,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:  # WeightsUnavailableError is one
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C); an entry being deleted may be half deleted: run `companion cache --prune` "
+              "again to finish", file=sys.stderr)
+        return 130
     return 0
