@@ -30,6 +30,7 @@ from companion.models.presets import PRESETS, Source, preset_names
 from companion.models.weights import WeightsUnavailableError, ensure_converted
 from companion.models.weights.convert import RECORD as CONVERSION_RECORD
 from companion.models.weights.distilled_drafter import drafter_dir
+from companion.models.weights.integrity import folder_problem
 
 PathLike = str | os.PathLike[str]
 
@@ -192,6 +193,68 @@ def _check_local(kind: str, name: str) -> None:
             f"(with its config.json and tokenizer files), or a hub id such as Qwen/Qwen3-1.7B.")
 
 
+def _check_intact(kind: str, name: str) -> None:
+    """A local folder the companion wrote (it holds a record) is loaded only when its files are the ones the record
+    lists, sha256 included (:func:`~companion.models.weights.integrity.folder_problem`: read only when a file
+    changed since its last check); a damaged one is refused in one line."""
+    path = Path(name).expanduser()
+    if not looks_like_local_path(name) or not (path / CONVERSION_RECORD).is_file():
+        return
+    try:
+        problem = folder_problem(path)
+    except OSError as err:
+        problem = f"a file cannot be read ({type(err).__name__}: {err})"
+    if problem is not None:
+        raise WeightsUnavailableError(
+            f"Could not load the {kind} {name!r}: the folder is damaged ({problem}), so it is not loaded: delete it "
+            f"and load its preset again (or run `companion fetch-weights`), which makes it afresh")
+
+
+def damaged_file(folder: Path, kind: str) -> str | None:
+    """The first file of a ``save_pretrained`` folder that a ``kind`` ("model" or "tokenizer") loads and that cannot
+    be what its name says (one phrase), or None.
+
+    Each JSON file must parse and each ``*.safetensors`` must have a readable header: what a load
+    that failed is explained by, rather than by the message of the step that tripped on it (a
+    garbage ``tokenizer.json`` makes transformers ask for the protobuf library).
+    """
+    import json
+
+    from safetensors import safe_open
+
+    if kind == "model":
+        jsons = [folder / n for n in ("config.json", "generation_config.json", "model.safetensors.index.json")]
+        weights = sorted(folder.glob("*.safetensors"))
+    else:
+        jsons = sorted(p for p in folder.glob("*.json") if p.name.startswith(("tokenizer", "special_tokens", "vocab",
+                                                                              "added_tokens")))
+        weights = []
+    for path in jsons:
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except (OSError, ValueError) as err:
+            return f"{path.name} is damaged (not JSON: {' '.join(str(err).split())[:80]})"
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                list(f.keys())
+        except Exception as err:  # SafetensorError, OSError: a header that cannot be read
+            return f"{path.name} is damaged ({' '.join(str(err).split())[:80]})"
+    return None
+
+
+def _load_failure(kind: str, name: str, err: Exception) -> WeightsUnavailableError:
+    """One line for a load of the local folder ``name`` that failed: the damaged file when one is found."""
+    first = " ".join(str(err).split())[:200] or type(err).__name__
+    cause = damaged_file(Path(name).expanduser(), kind)
+    problem = cause if cause is not None else f"{type(err).__name__}: {first}"
+    return WeightsUnavailableError(
+        f"Could not load the {kind} {name!r}: {problem}. Restore the folder, or write it again with save_pretrained "
+        f"(a folder of the weights cache: delete it and run `companion fetch-weights`).")
+
+
 def _say(line: str) -> None:
     import sys
 
@@ -210,10 +273,17 @@ def load_tokenizer(name_or_path: PathLike, **kwargs: Any) -> PreTrainedTokenizer
         # tokenizer with a broken regex and warn; ours are Qwen's or SmolLM2's own pattern, checked
         # by tests/test_weights.py, so the warning is a misfire: say the regex is right.
         kwargs.setdefault("fix_mistral_regex", False)
+    _check_intact("tokenizer", name)
     try:
         return AutoTokenizer.from_pretrained(name, **kwargs)
-    except (OSError, HFValidationError) as err:  # HFValidationError: neither a folder nor a well-formed hub id
-        raise _unavailable("tokenizer", name, err) from err
+    except WeightsUnavailableError:
+        raise
+    except Exception as err:  # noqa: BLE001  a local folder's files can fail transformers in any way
+        if looks_like_local_path(name) and Path(name).expanduser().is_dir():
+            raise _load_failure("tokenizer", name, err) from err
+        if isinstance(err, (OSError, HFValidationError)):  # HFValidationError: neither a folder nor a hub id
+            raise _unavailable("tokenizer", name, err) from err
+        raise
 
 
 def load_model(
@@ -227,10 +297,17 @@ def load_model(
     _check_local("model", name)
     if is_bare_name(name):
         kwargs.setdefault("local_files_only", True)  # see is_bare_name
+    _check_intact("model", name)
     try:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=dt, **kwargs)
-    except (OSError, HFValidationError) as err:
-        raise _unavailable("model", name, err) from err
+    except WeightsUnavailableError:
+        raise
+    except Exception as err:  # noqa: BLE001  a local folder's files can fail transformers in any way
+        if looks_like_local_path(name) and Path(name).expanduser().is_dir():
+            raise _load_failure("model", name, err) from err
+        if isinstance(err, (OSError, HFValidationError)):
+            raise _unavailable("model", name, err) from err
+        raise
     return model.to(dev).eval()
 
 
