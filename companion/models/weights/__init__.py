@@ -6,6 +6,8 @@
   the file;
 * :mod:`~companion.models.weights.convert`: convert it once into a cache folder ``from_pretrained``
   loads (:func:`ensure_converted`);
+* :mod:`~companion.models.weights.integrity`: each cache folder's record of its files' sizes and
+  sha256, checked once per change before the folder is used;
 * :mod:`~companion.models.weights.cli`: ``companion fetch-weights`` (``scripts/setup.sh`` runs it).
 """
 from companion.models.weights.convert import cache_root, converted_dir, ensure_converted

