@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from companion import analysis as A
 from companion import certificates, kl_divergence, parse_criterion, tree_certificate
 from companion.certify.criteria import PAPER_CRITERIA, index_rank
-from companion.harvest import cache
+from companion.book import harvest_cache as cache
 from companion.harvest import plan as planning
 
 VOCAB = 16
@@ -437,7 +437,8 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
 
 _CONCURRENT_HARVEST = """
 import json, sys
-from companion.harvest import cache, plan as planning
+from companion.book import harvest_cache as cache
+from companion.harvest import plan as planning
 from companion.harvest.toy import toy_pair
 
 def fake_load(plan, device=None, dtype=None):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from companion import analysis as A
 from companion.analysis import size_axis as S
+from companion.models.sizes import non_embedding_parameters
 from companion.figures.sizes import FIGURE_NAMES, size_figure
 
 
@@ -81,9 +82,9 @@ def test_bootstrap_equals_a_plain_loop_and_brackets_a_value_it_can_reach(lengths
 
 def test_non_embedding_parameters_counts_an_untied_head_twice(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "hidden_size": 4, "tie_word_embeddings": True}))
-    assert S.non_embedding_parameters(tmp_path, 100) == 60
+    assert non_embedding_parameters(tmp_path, 100) == 60
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "hidden_size": 4, "tie_word_embeddings": False}))
-    assert S.non_embedding_parameters(tmp_path, 100) == 20
+    assert non_embedding_parameters(tmp_path, 100) == 20
 
 
 def _point(name: str, size: int, value: float, half: float) -> S.SizePoint:

@@ -10,7 +10,7 @@ Rerunning the same command resumes an interrupted harvest; a different configura
 same ``--out`` is refused. One process writes a folder at a time: a second harvest of the same
 ``--out`` (or a chapter harvesting it through ``chapter_traces``) says in one line that it waits,
 waits for the lock ``<out>.lock`` beside the folder, then resumes what the first one wrote
-(``companion.harvest.cache.exclusive``).
+(``companion.harvest.lock.exclusive``).
 
 Every mistake that can be found without the models (options, folders, the prompt file, the
 output folder, the device) is found before they load, and ends the command with one line on
@@ -152,6 +152,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # The command
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Run ``companion harvest ARGV`` from code (the full profile, the rehearsal) as ``companion`` runs it;
+    return its exit status."""
+    from companion.parsing import OneLineParser, run_parsed
+
+    parser = OneLineParser(prog="companion")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    return run_parsed(parser, ["harvest", *(sys.argv[1:] if argv is None else argv)])
+
+
 def _say(message: str) -> None:
     """One line on standard error, from the main process only (every process finds the same mistakes)."""
     if os.environ.get("RANK", "0") == "0":
@@ -243,7 +253,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
         # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
         raise Refusal(_one_line(err)) from None
 
-    from companion.harvest.cache import exclusive
+    from companion.harvest.lock import exclusive
 
     def waiting(lock: Path) -> None:
         _say(f"--out {args.out}: another process is harvesting into it (it holds {lock}); waiting for it to "

@@ -113,7 +113,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
     """
     from companion.harvest import load_traces
     from companion.harvest.store import read_manifest
-    from companion.analysis.size_axis import non_embedding_parameters
+    from companion.models.sizes import non_embedding_parameters
 
     harvest = read_manifest(run_dir)
     table = load_traces(run_dir)
@@ -274,9 +274,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_full_profile(args: argparse.Namespace) -> int:
-    from companion.cli import main as companion_main
+    from companion.harvest.cli import main as harvest_main
 
-    status = companion_main(PROFILE.harvest_argv(args.run_dir))
+    status = harvest_main(PROFILE.harvest_argv(args.run_dir)[1:])
     if status != 0:
         return status
     manifest = export(args.run_dir, args.out)
