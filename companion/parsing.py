@@ -3,7 +3,7 @@
 :class:`OneLineParser` is the parser of every command; :func:`run_parsed` runs one parsed command
 line as ``companion`` does. Both sit below every layer, so a command module (``companion
 harvest``'s, ``companion fetch-weights``'s) can run itself from code without importing the
-top-level dispatcher :mod:`companion.cli`.
+top-level dispatcher ``companion.cli``.
 """
 from __future__ import annotations
 

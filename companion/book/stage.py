@@ -17,7 +17,7 @@ from companion.book.record import (
     load_record,
     render_status_markdown,
 )
-from companion.book.api_page import API_MARKER, probe_modules, render_api_section
+from companion.book.api_page import render_api_pages
 from companion.book.execute import file_sha256, strip_ansi
 from companion.book.figure_files import link_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, RunFailure, yaml_module
@@ -152,16 +152,7 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         generated = render_status_markdown(record, rows, figures)
         status_page.write_text(text.replace(STATUS_MARKER, generated), encoding="utf-8")
 
-    api_page = stage / "book" / "api.md"
-    if api_page.is_file():
-        text = api_page.read_text(encoding="utf-8")
-        modules = API_MARKER.findall(text)
-        probed = probe_modules(modules, root) if modules else {}
-        for module, (status, detail) in probed.items():
-            if status == "error":
-                log(f"warning: API reference: {module} does not import ({detail})")
-        api_page.write_text(API_MARKER.sub(lambda m: render_api_section(m.group(1), *probed[m.group(1)]), text),
-                            encoding="utf-8")
+    render_api_pages(stage / "book", root, log)
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
 
 

@@ -2,8 +2,8 @@
 
 Measured runs are filled markers with their 95 % bootstrap intervals over prompts, joined by a
 line in size order; the values reported second-hand for the paper's two targets are hollow
-markers with no interval, labelled with the model's name. Artists carry ``gid``s
-(``"measured:<label>"``, ``"reported:<label>"``) so that tests can read the plotted values back.
+markers with no interval, labelled with the model's name. Each artist carries a ``gid``
+(``"measured:<label>"`` or ``"reported:<label>"``) so that tests can read the plotted values back.
 """
 from __future__ import annotations
 
