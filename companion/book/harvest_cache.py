@@ -21,6 +21,7 @@ import torch
 
 from companion.atomic import replace_dir
 from companion.book.layout import ReproduceError, find_root
+from companion.book.execute import note_harvest
 from companion.book.record import describe_harvest
 from companion.harvest import plan as planning
 from companion.harvest.chapter_worker import ChapterJob
@@ -41,7 +42,7 @@ class ChapterTraces:
 
     def describe(self) -> str:
         """One Markdown line from the harvest's manifest: preset, models (and sizes), dtype, device,
-        prompts, steps and exact ties (``companion.status.describe_harvest``)."""
+        prompts, steps and exact ties (``companion.book.record.describe_harvest``)."""
         return describe_harvest(self.manifest)
 
 
@@ -98,7 +99,21 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     cores SmolLM2's 36 x 128 harvest took 158 s against 226 s. A folder that exists (resumed,
     or of another configuration) is harvested in this process; so is everything when the
     processes fail, after saying why.
+
+    Under ``companion reproduce``, the folder is noted for the run record
+    (``companion.book.execute.note_harvest``), so the reproduction-status page names the
+    models and weights each chapter analysed.
     """
+    got = _chapter_traces(preset, device=device, seed=seed, n_prompts=n_prompts, n_steps=n_steps,
+                          batch_size=batch_size, traces_dir=traces_dir, runs_root=runs_root, progress=progress,
+                          cpu_threads=cpu_threads, processes=processes)
+    note_harvest(got.traces_dir)  # for the run record's status page, under `companion reproduce`
+    return got
+
+
+def _chapter_traces(preset: str, *, device: str, seed: int, n_prompts: int, n_steps: int, batch_size: int | None,
+                    traces_dir: str | os.PathLike[str], runs_root: str | os.PathLike[str] | None, progress: bool,
+                    cpu_threads: int | None, processes: int) -> ChapterTraces:
     from companion.models.devices import resolve_device, usable_cores
     from companion.harvest import read_manifest
 
