@@ -68,7 +68,7 @@ def default_traces_dir(preset: str, n_prompts: int, n_steps: int, *, device_type
     return root / f"{preset}-{n_prompts}x{n_steps}-{device_type}-b{batch}-seed{seed}"
 
 
-def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
+def chapter_traces(preset: str = "closed-world", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
                    n_steps: int = 64, batch_size: int | None = None, traces_dir: str | os.PathLike[str] = "",
                    runs_root: str | os.PathLike[str] | None = None, progress: bool = False,
                    cpu_threads: int | None = 1, processes: int = 1) -> ChapterTraces:

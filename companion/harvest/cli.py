@@ -2,7 +2,7 @@
 
 Examples::
 
-    companion harvest --out traces/default                        # embedded pair, CPU
+    companion harvest --out traces/closed-world                   # embedded pair, CPU
     companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b   # CUDA, bf16
     accelerate launch --num_processes 4 -m companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b
 
@@ -107,8 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "incomplete or failed while writing, 2 refused (nothing written), 130 interrupted.",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory (created; resumed if it holds this harvest)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="models, prompts and settings (default: default, the embedded CPU pair)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="closed-world",
+                   help="models, prompts and settings (default: closed-world, the embedded CPU pair; "
+                        "'default' is its former name)")
     p.add_argument("--target", help="target model: hub id or local folder (overrides the preset)")
     p.add_argument("--drafter", help="drafter model: hub id or local folder (overrides the preset)")
     p.add_argument("--no-drafter", action="store_true", help="target-side statistics only (the paper's setting)")

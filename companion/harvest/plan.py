@@ -51,7 +51,7 @@ class HarvestPlan:
 
 
 def plan_harvest(
-    preset: str = "default",
+    preset: str = "closed-world",
     *,
     target: str | None = None,
     drafter: str | None = None,
