@@ -216,3 +216,17 @@ def test_a_fork_sets_its_home_with_the_command_shown(tmp_path: Path) -> None:
         text = (tmp_path / name).read_text(encoding="utf-8")
         assert not re.search(r"OWNER[/.]", text), f"{name} still names OWNER"
         assert "me/my-companion" in text, name
+
+
+def test_the_full_profiles_time_is_the_manifests() -> None:
+    """README and the command's help say how long the committed run took as its manifest records it
+    (issue 56: "about an hour" beside "41 minutes"; the manifest says 2,446 s)."""
+    import json
+
+    from companion.harvest import full_profile
+
+    manifest = json.loads(full_profile.MANIFEST_FILE.read_text(encoding="utf-8"))
+    minutes = round(float(manifest["wall_s"]) / 60)
+    assert full_profile.recorded_time() == f"{minutes} minutes on {manifest['threads']} threads"
+    assert f"That run took {minutes} minutes" in " ".join(section("The full profile (chapter 7 at the paper's size)").split())
+    assert "about an hour" not in README
