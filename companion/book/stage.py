@@ -44,7 +44,7 @@ def caption_figures(path: Path, available: set[str], note: str, source: Path | N
     ``{"mystnb": {"figure": {"caption": ..., "name": ...}}}`` in its metadata keeps its source
     and its other outputs; its image output is replaced by a Markdown cell after it holding a
     ``{figure}`` directive on the staged ``figures/NAME.png``, with the caption, ``note`` (which
-    run drew it) and the PNG and PDF download links. Sphinx numbers such figures. The metadata
+    run drew it) and the PNG and PDF download links (and the metadata's ``figclass``, if any). Sphinx numbers such figures. The metadata
     is removed, so that myst-nb does not wrap the cell's other outputs in figures as well.
     With ``source`` (the chapter's source notebook), a caption there, matched by cell id, wins
     over the executed copy's, so that captions can be edited without rerunning the chapter.
@@ -83,8 +83,10 @@ def caption_figures(path: Path, available: set[str], note: str, source: Path | N
                            and not FIGURE_MARKER.match(str(out.get("data", {}).get("text/markdown", "")).strip())]
         label = options.get("name") or f"fig-{name}"
         caption = " ".join(str(options["caption"]).split())
+        # a figure drawn for a phone (companion.figures.palette.PHONE_FIGCLASS) keeps its class, for the stylesheet
+        figclass = f":figclass: {options['figclass']}\n" if options.get("figclass") else ""
         cells.append(nbformat.v4.new_markdown_cell(
-            f"```{{figure}} ../figures/{name}.png\n:name: {label}\n:width: 100%\n\n"
+            f"```{{figure}} ../figures/{name}.png\n:name: {label}\n:width: 100%\n{figclass}\n"
             f"{caption} {note} Download: {{download}}`{name}.png <../figures/{name}.png>` · "
             f"{{download}}`{name}.pdf <../figures/{name}.pdf>`\n```"))
         done += 1
