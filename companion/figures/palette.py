@@ -104,14 +104,15 @@ FIG_WIDTH = 6.6
 tight margins a font is shown at about 1.04 times its size and none of the sizes below reads
 under :data:`MIN_DISPLAY_PT`. Panels go at most two to a row; wider layouts stack vertically."""
 
-PHONE_WIDTH_IN = 358 / 96
-"""Width (inches, at 96 CSS px per inch) of the text column on a phone 390 px wide (16 px margins,
-measured in Chromium): a figure saved ``w`` inches wide is scaled by ``PHONE_WIDTH_IN / w`` there."""
+PHONE_WIDTH_IN = 342 / 96
+"""Width (inches, at 96 CSS px per inch) at which a figure is shown on a phone 390 px wide (measured
+in Chromium on the built book: 342 px, inside the page's margins and the figure's own): a figure
+saved ``w`` inches wide is scaled by ``PHONE_WIDTH_IN / w`` there."""
 
 PHONE_MIN_PT = 7.5
 """Smallest text (points, 10 CSS px) a figure drawn for a phone shows at :data:`PHONE_WIDTH_IN`."""
 
-PHONE_FIG_WIDTH = 4.2
+PHONE_FIG_WIDTH = 3.8
 """Width (inches) of a figure drawn for a phone (:data:`PHONE_FIGCLASS`): one panel, its legend
 below, so that at :data:`PHONE_WIDTH_IN` no font of the sizes below reads under :data:`PHONE_MIN_PT`."""
 
