@@ -132,7 +132,8 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
             "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n      - file: book/claims\n"
             f"  - caption: Chapters\n    chapters:\n{entries}\n"
             "  - caption: Reference\n    chapters:\n      - file: book/glossary\n"
-            "      - file: book/reproduction_status\n      - file: book/references\n      - file: book/api\n"
+            "      - file: book/reproduction_status\n      - file: book/beyond_one_machine\n      - file: book/references\n"
+            "      - file: book/api\n"
             + ("        sections:\n" + "".join(f"          - file: book/api/{p.stem}\n"
                                           for p in sorted((root / "book" / "api").glob("*.md"))) if api else ""),
             encoding="utf-8",

@@ -230,3 +230,33 @@ def test_the_full_profiles_time_is_the_manifests() -> None:
     assert full_profile.recorded_time() == f"{minutes} minutes on {manifest['threads']} threads"
     assert f"That run took {minutes} minutes" in " ".join(section("The full profile (chapter 7 at the paper's size)").split())
     assert "about an hour" not in README
+
+
+PAGE = ROOT / "book" / "beyond_one_machine.md"
+
+
+@pytest.mark.parametrize("argv", commands(PAGE.read_text(encoding="utf-8")), ids=lambda a: " ".join(a)[:60])
+def test_the_beyond_one_machine_commands_parse(argv: list[str]) -> None:
+    """The page's torchrun / accelerate commands run `companion harvest` with options it has, on the paper preset."""
+    from companion.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.command == "harvest" and args.preset == "paper-qwen3-1.7b", argv
+
+
+def test_the_beyond_one_machine_page_measures_what_the_manifest_says() -> None:
+    """Its one measured rate is the full profile's manifest's; the launchers and the rank test it names exist."""
+    import json
+
+    from companion.harvest import full_profile
+
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())
+    m = json.loads(full_profile.MANIFEST_FILE.read_text(encoding="utf-8"))
+    wall = float(m["wall_s"])
+    assert (f"harvested {m['rows']:,} steps in {wall:,.0f} s ({wall / 60:.0f} minutes), "
+            f"{m['rows'] / wall:.1f} steps a second") in text
+    assert f"batches of {m['batch_size']}" in text and m["dtype"] in text
+    launchers = [c for c in commands(PAGE.read_text(encoding="utf-8"))]
+    assert len(launchers) >= 4
+    assert (ROOT / "tests" / "test_rank_failure.py").is_file() and "tests/test_rank_failure.py" in text
+    assert "book/beyond_one_machine" in (ROOT / "_toc.yml").read_text(encoding="utf-8")
