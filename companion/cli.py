@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from companion.parsing import OneLineParser, run_parsed
+
 # (module, description) in the order shown by ``companion --help``.
 COMMAND_MODULES: tuple[str, ...] = (
     "companion.models.tiny_pair.cli",   # pair-report: the embedded closed-world pair, frozen
@@ -19,16 +21,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "companion.models.weights.cache_cli",  # cache: list the weights cache, prune stale folders
     "companion.book.cli",        # reproduce / build-book: run every notebook, build the HTML book
 )
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``companion CMD: message``) and exit status 2.
-
-    ``add_subparsers`` makes the subcommands' parsers of the same class.
-    """
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,19 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``companion ARGV``; return the exit status (2 for a mistake in the options, 0 after ``--help``)."""
-    parser = build_parser()
-    try:
-        args, extra = parser.parse_known_args(argv)
-        if extra:  # reported by the subcommand's parser, so that the line names the subcommand
-            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            owner = commands.choices.get(getattr(args, "command", None) or "", parser)
-            owner.error(f"unrecognized arguments: {' '.join(extra)}")
-    except SystemExit as stop:  # argparse's own exits: --help, a bad option
-        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    return run_parsed(build_parser(), argv)
 
 
 if __name__ == "__main__":

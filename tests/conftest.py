@@ -112,8 +112,8 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
     """Build a small book project in a temporary directory with the real _config.yml, book/
     pages and profiles, and a _toc.yml listing ``chapters`` (notebooks you then write).
 
-    The API reference page is a one-line stub unless ``api=True``: its autodoc of the whole
-    library is ~90 % of a small book's build time, and the full book (``built_book``) builds and
+    The API reference is a one-line stub unless ``api=True`` (then its index and its page per
+    subpackage are built): its autodoc of the whole library is ~90 % of a small book's build time, and the full book (``built_book``) builds and
     checks the real one."""
 
     def make(*chapters: str, api: bool = False) -> Path:
@@ -123,6 +123,7 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
         shutil.copytree(ROOT / "book", root / "book", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(ROOT / "profiles", root / "profiles")
         if not api:
+            shutil.rmtree(root / "book" / "api")  # the pages per subpackage: not in this toc, not probed
             (root / "book" / "api.md").write_text(
                 "# API reference\n\nThis test project leaves the library's reference out.\n", encoding="utf-8")
         entries = "\n".join(f"      - file: notebooks/{c}" for c in chapters)
@@ -131,7 +132,10 @@ def make_project(tmp_path: Path) -> Callable[..., Path]:
             "  - caption: Reading\n    chapters:\n      - file: book/how_to_read\n      - file: book/claims\n"
             f"  - caption: Chapters\n    chapters:\n{entries}\n"
             "  - caption: Reference\n    chapters:\n      - file: book/glossary\n"
-            "      - file: book/reproduction_status\n      - file: book/references\n      - file: book/api\n",
+            "      - file: book/reproduction_status\n      - file: book/beyond_one_machine\n      - file: book/references\n"
+            "      - file: book/api\n"
+            + ("        sections:\n" + "".join(f"          - file: book/api/{p.stem}\n"
+                                          for p in sorted((root / "book" / "api").glob("*.md"))) if api else ""),
             encoding="utf-8",
         )
         return root

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from companion import analysis as A
 from companion import certificates, kl_divergence, parse_criterion, tree_certificate
 from companion.certify.criteria import PAPER_CRITERIA, index_rank
-from companion.harvest import cache
+from companion.book import harvest_cache as cache
 from companion.harvest import plan as planning
 
 VOCAB = 16
@@ -435,9 +435,43 @@ def test_chapter_traces_harvests_reuses_and_replaces_stale(tmp_path: Path, monke
     assert (mine / "manifest.json").is_file() and not (tmp_path / "mine.stale").exists()
 
 
+
+def test_a_chapter_notes_the_harvests_it_analyses_for_the_status_page(tmp_path: Path, monkeypatch):
+    """Under `companion reproduce` (the notes file set), every harvest a chapter asks for is noted once, and
+    the status page names its models and their weights from the manifests (issue 56: "(none)" for 7, 8, 10)."""
+    from companion.book.execute import HARVEST_NOTES_ENV, noted_harvests
+    from companion.book.record import ChapterExecution, RunRecord, harvest_description, render_status_markdown
+    from companion.harvest.toy import toy_pair
+
+    def fake_load(plan, device=None, dtype=None):
+        t, d, tok = toy_pair(vocab=300, hidden=32, layers=1, noise=0.1)
+        return t, d, tok, [f"prompt number {i}: abc" for i in range(plan.n_prompts)]
+
+    monkeypatch.setattr(planning, "load_planned", fake_load)
+    kw = dict(device="cpu", n_steps=4, batch_size=2, runs_root=tmp_path)
+    monkeypatch.delenv(HARVEST_NOTES_ENV, raising=False)
+    cache.chapter_traces("default", n_prompts=2, **kw)   # a notebook opened by hand: nothing noted anywhere
+    notes = tmp_path / "notes" / "07_eval.txt"
+    monkeypatch.setenv(HARVEST_NOTES_ENV, str(notes))
+    main = cache.chapter_traces("default", n_prompts=2, **kw)
+    cache.chapter_traces("default", n_prompts=2, **kw)
+    other = cache.chapter_traces("default", n_prompts=3, **kw)
+    assert noted_harvests(notes) == [str(main.traces_dir.resolve()), str(other.traces_dir.resolve())]
+    described = harvest_description(noted_harvests(notes))
+    digest = main.manifest["config"]["target"]["state_dict_sha256"][:16]
+    assert described.count("preset `default`") == 2 and f"tensors' sha256 {digest}…" in described, described
+    run = ChapterExecution(chapter="07_eval", source="notebooks/07_eval.ipynb", source_sha256="abc", profile="cpu",
+                           parameters={"device": "cpu", "preset": "default", "traces_dir": ""}, device="cpu",
+                           device_name="", started="2026-01-02T03:04:05Z", seconds=1.0, harvest=described)
+    status = render_status_markdown(RunRecord({"07_eval": run}), [("07_eval", "", "abc")])
+    row = next(line for line in status.splitlines() if line.startswith("| 07_eval |") and "preset" in line)
+    assert "(none)" not in row and "traces ``" not in row and digest in row, row
+
+
 _CONCURRENT_HARVEST = """
 import json, sys
-from companion.harvest import cache, plan as planning
+from companion.book import harvest_cache as cache
+from companion.harvest import plan as planning
 from companion.harvest.toy import toy_pair
 
 def fake_load(plan, device=None, dtype=None):

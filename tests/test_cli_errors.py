@@ -533,7 +533,7 @@ def _many_prompts(tmp_path: Path) -> Path:
 def test_a_second_harvest_of_the_same_folder_waits_for_the_first(pair, tmp_path) -> None:
     """Forced interleaving: the lock is held (as a first harvest holds it) while a second one starts. It says
     it waits, in one line, writes nothing meanwhile, then finishes the harvest; the manifest matches the shards."""
-    from companion.harvest.cache import exclusive, lock_path
+    from companion.harvest.lock import exclusive, lock_path
 
     out = tmp_path / "out"
     with exclusive(out):

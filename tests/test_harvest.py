@@ -637,7 +637,8 @@ def test_default_preset_runs_on_the_embedded_pair(tmp_path, capsys) -> None:
     assert main(["harvest", "--out", str(tmp_path / "d"), "--n-prompts", "2", "--steps", "4", "--no-progress"]) == 0
     manifest = read_manifest(tmp_path / "d")
     table = load_traces(tmp_path / "d")
-    assert manifest["extra"]["preset"] == "default" and manifest["config"]["drafter"] is not None
+    # the preset's name, not its former one ("default", which README says was renamed)
+    assert manifest["extra"]["preset"] == "closed-world" and manifest["config"]["drafter"] is not None
     assert table.num_rows <= 8 and "accepted[greedy]" in table.column_names
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["status"] == "complete"
 

@@ -182,3 +182,50 @@ def test_loading_the_pair_imports_no_trainer_in_a_fresh_interpreter() -> None:
     loaded = set(out.stdout.split())
     assert "companion.models.loading" in loaded and "companion.models.tiny_pair.report" in loaded
     assert not loaded & set(TRAINERS), sorted(loaded & set(TRAINERS))
+
+
+#: The package's floors, lowest first; a module may import its own floor and the floors below it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("atomic", "parsing", "assets"),
+    ("certify",),
+    ("symbolic",),
+    ("drafter",),
+    ("models", "prompts"),
+    ("harvest",),
+    ("speculative",),
+    ("analysis",),
+    ("figures",),
+    ("book",),
+    ("cli", "__main__"),
+)
+#: Upward imports kept on purpose, each with its reason. SmolLM2's drafter recipe (``build-drafter``)
+#: distils from a harvest of its target: the trainer lives beside the models it builds.
+UPWARD_ALLOWED = {("companion.models.distill.data", "companion.harvest")}
+
+
+def floor_of(module: str) -> int:
+    """The index in :data:`LAYERS` of ``companion.<part>...``'s floor (``companion`` itself: the top)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return len(LAYERS) - 1
+    return next(i for i, names in enumerate(LAYERS) if parts[1] in names)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if floor_of(b) > floor_of(a) and (a, b) not in UPWARD_ALLOWED)
+
+
+def test_every_part_of_the_package_has_a_floor() -> None:
+    tops = {name.split(".")[1] for name in import_graph() if "." in name}
+    assert tops <= {n for names in LAYERS for n in names}, tops - {n for names in LAYERS for n in names}
+
+
+def test_imports_point_down_the_layers() -> None:
+    """certify -> drafter -> models/prompts -> harvest -> speculative -> analysis -> figures -> book -> cli:
+    no module imports one on a higher floor, not even lazily (issue 56: the chapters' harvest cache and
+    the full profile reached up into the book and the analysis)."""
+    assert upward_imports({"companion.harvest.x": {"companion.book.y"}, "companion.book.y": {"companion.harvest.x"}}) \
+        == [("companion.harvest.x", "companion.book.y")]  # the check itself sees an upward edge
+    up = upward_imports(import_graph())
+    assert not up, "imports that point up the layers: " + "; ".join(f"{a} -> {b}" for a, b in up)

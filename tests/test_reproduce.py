@@ -210,6 +210,38 @@ def test_status_page_says_whether_the_paper_presets_ran() -> None:
     assert "`transformers` in the environment that built the book:" in not_ran
 
 
+
+def test_status_page_names_a_converted_models_weights_by_the_gguf_sha256() -> None:
+    from companion.book.record import describe_harvest, weights_id
+
+    gguf = "ab" * 32
+    manifest = {"extra": {"preset": "qwen2.5-coder"}, "prompt_set_name": "chat-and-stdlib",
+                "config": {"target": {"name": "/c/qwen", "parameters": 1_543_714_304,
+                                      "converted_from": {"display_name": "Qwen2.5-Coder-1.5B-Instruct",
+                                                         "quantization": "Q8_0", "gguf_sha256": gguf},
+                                      "weights_sha256": {"model.safetensors": "cd" * 32}},
+                           "drafter": {"name": "/x/tiny", "parameters": 2_000_000,
+                                       "weights_sha256": {"model.safetensors": "ef" * 32}},
+                           "dtype": "float32", "device_type": "cpu", "prompt_set": {"n_prompts": 16}, "n_steps": 64},
+                "totals": {"rows": 900, "top2_tie_steps": 0}}
+    line = describe_harvest(manifest, weights=True)
+    assert f"Qwen2.5-Coder-1.5B-Instruct (Q8_0 GGUF; 1.54B parameters; GGUF sha256 {'ab' * 8}…)" in line, line
+    assert f"`x/tiny` (2M parameters; sha256 {'ef' * 8}…)" in line, line
+    assert "sha256" not in describe_harvest(manifest)   # the chapters' own line stays short
+    assert weights_id({"revision": "0123456789abcdef0123"}) == "revision 0123456789abcdef…"
+    assert weights_id({}) is None
+
+
+def test_a_slow_cell_is_labelled_by_what_it_does() -> None:
+    from companion.book.execute import cell_label
+
+    assert cell_label("%matplotlib inline\nimport json\nfrom x import (\n    y,\n)\n\nharvest = chapter_traces(p)\n") \
+        == "harvest = chapter_traces(p)"
+    assert cell_label("# Harvest (or reuse) this chapter's traces\n%matplotlib inline\nimport json\n") \
+        == "Harvest (or reuse) this chapter's traces"
+    assert cell_label("%matplotlib inline\n") == "%matplotlib inline"
+
+
 def test_record_round_trips_and_writes_atomically(tmp_path: Path) -> None:
     path = tmp_path / "rec" / "run-record.json"
     record = RunRecord({"07_eval": _run("07_eval")})
@@ -492,7 +524,9 @@ def test_environment_yml_pins_match_requirements() -> None:
 def test_readme_commands_match_the_code() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
-    commands = [line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")]
+    # a command continued on the next line (a trailing backslash) is one command
+    commands = [line.strip() for b in blocks for line in b.replace("\\\n", " ").splitlines()
+                if line.strip() and not line.startswith("#")]
     assert commands[:2] == ["bash scripts/setup.sh && .venv/bin/companion reproduce", "bash .ci/run"]
     assert (ROOT / "scripts" / "setup.sh").is_file() and (ROOT / ".ci" / "run").is_file()
     parser = cli.build_parser()

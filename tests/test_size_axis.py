@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from companion import analysis as A
 from companion.analysis import size_axis as S
+from companion.models.sizes import non_embedding_parameters
 from companion.figures.sizes import FIGURE_NAMES, size_figure
 
 
@@ -81,9 +82,9 @@ def test_bootstrap_equals_a_plain_loop_and_brackets_a_value_it_can_reach(lengths
 
 def test_non_embedding_parameters_counts_an_untied_head_twice(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "hidden_size": 4, "tie_word_embeddings": True}))
-    assert S.non_embedding_parameters(tmp_path, 100) == 60
+    assert non_embedding_parameters(tmp_path, 100) == 60
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "hidden_size": 4, "tie_word_embeddings": False}))
-    assert S.non_embedding_parameters(tmp_path, 100) == 20
+    assert non_embedding_parameters(tmp_path, 100) == 20
 
 
 def _point(name: str, size: int, value: float, half: float) -> S.SizePoint:
@@ -113,9 +114,12 @@ def test_the_figure_plots_the_estimates_and_the_reported_values() -> None:
             x, y = lines[f"measured:{s.label}"].get_data()
             assert list(x) == [100_000_000, 2_000_000_000]
             assert list(y) == [points[1].estimates[s.key].value, points[0].estimates[s.key].value]
-            rx, ry = lines[f"reported:{s.label}"].get_data()
+            rx, ry = lines[f"second-hand:{s.label}"].get_data()
             assert list(ry) == [v for v in S.REPORTED[s.key] if v is not None]
         assert ax.get_xscale() == "log"
+        # the plot names the note's values as the tables do: second-hand, never "reported"
+        words = " ".join(t.get_text() for t in [ax.title, *ax.texts])
+        assert "second-hand" in words and "reported" not in words, words
     with pytest.raises(ValueError, match="unknown family 'top-2'"):
         size_figure(points, "top-2")
 
@@ -128,3 +132,35 @@ def test_by_family_splits_by_the_prompt_ids_first_word_and_keeps_answers_whole()
     assert fams["chat"].column("p_top1").tolist() == [0.1, 0.2, 0.3, 0.6] and fams["chat"].n_trajectories == 2
     assert fams["stdlib"].lengths.tolist() == [2]
     assert S.family_of("line-00001") == "other"
+
+
+def _three_sizes() -> list[S.SizePoint]:
+    """The chapter's three targets by name and non-embedding size, on made-up traces."""
+    sizes = (("SmolLM2-135M-Instruct", 106_000_000), ("Qwen2.5-Coder-0.5B-Instruct", 358_000_000),
+             ("Qwen2.5-Coder-1.5B-Instruct", 1_310_000_000))
+    return [S.size_point(name, _traces([20, 30, 25], seed), size, n_boot=20) for seed, (name, size) in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("family", S.FAMILIES)
+def test_the_size_figures_read_on_a_phone(family: str) -> None:
+    """Issue 56: at 390 px the size figures' text was unreadable. Drawn for a phone, every text reads at
+    least PHONE_MIN_PT there (and MIN_DISPLAY_PT on a wide screen, where the stylesheet caps the figure at
+    PHONE_DESKTOP_PX), and no two texts overlap."""
+    from matplotlib.text import Text
+
+    from companion.figures import palette as P
+    from tests.figure_checks import drawn, extent, overlapping, saved_width_in
+
+    fig = drawn(size_figure(_three_sizes(), family))
+    width = saved_width_in(fig)
+    phone, desktop = P.PHONE_WIDTH_IN / width, min(P.PHONE_DESKTOP_PX / 96, P.DISPLAY_WIDTH_IN) / width
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    small = [(t.get_text(), round(t.get_fontsize() * phone, 1)) for t in texts if t.get_fontsize() * phone < P.PHONE_MIN_PT]
+    assert not small, f"{family}: under {P.PHONE_MIN_PT} pt on a phone: {small}"
+    assert min(t.get_fontsize() for t in texts) * desktop >= P.MIN_DISPLAY_PT
+    # the names, title, axis label and legend entries: no two overlap (tick labels are matplotlib's)
+    ax = fig.axes[0]
+    named = [*ax.texts, ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_legend().get_texts()]
+    boxes = [extent(t, fig) for t in named]
+    clash = [(named[i].get_text(), named[j].get_text()) for i, j in overlapping(boxes, pad=1.0)]
+    assert not clash, f"{family}: texts overlap: {clash}"

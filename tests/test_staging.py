@@ -97,7 +97,7 @@ def test_throwaway_projects_list_every_page_of_the_real_book(make_project) -> No
         return []
 
     real = {f for f in files(yaml.safe_load((ROOT / "_toc.yml").read_text())) if f.startswith("book/")}
-    project = make_project("01_x")
+    project = make_project("01_x", api=True)
     theirs = set(files(yaml.safe_load((project / "_toc.yml").read_text()))) | {"book/intro"}
     assert real <= theirs | {"book/intro"}, f"add to tests/conftest.py make_project: {sorted(real - theirs)}"
 
@@ -124,6 +124,28 @@ def test_captioned_figure_becomes_a_numbered_figure_directive(tmp_path) -> None:
     assert "What is drawn. Drawn by run X." in figure and "exp_a.pdf <../figures/exp_a.pdf>" in figure
     # a figure without a caption is left to link_figures, as before
     assert [("image/png" in o.data) for o in cells[2].outputs] == [False, True]
+
+
+
+def test_a_figure_drawn_for_a_phone_keeps_its_class(tmp_path) -> None:
+    """The size figures of chapter 7 (issue 56) carry figclass companion-phone; the stylesheet caps them."""
+    from companion.book.stage import caption_figures
+    from companion.figures.palette import PHONE_DESKTOP_PX, PHONE_FIGCLASS
+    from tests.conftest import ROOT
+
+    cell = _cell_with([_marker("exp_a"), _image()])
+    cell.metadata["mystnb"] = {"figure": {"caption": "Small.", "name": "fig-a", "figclass": PHONE_FIGCLASS}}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [cell]
+    nbformat.write(nb, tmp_path / "ch.ipynb")
+    assert caption_figures(tmp_path / "ch.ipynb", {"exp_a"}, "") == 1
+    figure = nbformat.read(tmp_path / "ch.ipynb", as_version=4).cells[1].source
+    assert f":width: 100%\n:figclass: {PHONE_FIGCLASS}\n\nSmall." in figure
+    css = (ROOT / "book" / "_ext" / "static" / "companion.css").read_text()
+    assert f"figure.{PHONE_FIGCLASS} img {{\n  max-width: {PHONE_DESKTOP_PX}px;" in css
+    chapter = nbformat.read(ROOT / "notebooks" / "07_paper_evaluation.ipynb", as_version=4)
+    phone = [c.id for c in chapter.cells if c.metadata.get("mystnb", {}).get("figure", {}).get("figclass") == PHONE_FIGCLASS]
+    assert len(phone) == 5, phone
 
 
 def test_caption_from_the_source_notebook_wins(tmp_path) -> None:

@@ -9,7 +9,7 @@ resample, and the 2.5th and 97.5th percentiles of those values (order statistics
 one answer are dependent, so prompts, not steps, are the unit resampled.
 
 Sizes are non-embedding parameters: every parameter except the input embedding and the output
-head (:func:`non_embedding_parameters`), the count model cards give beside the total and the
+head (:func:`companion.models.sizes.non_embedding_parameters`), the count model cards give beside the total and the
 one that does not depend on whether a conversion ties the head to the embedding.
 
 :data:`REPORTED` holds the values a second-hand account gives for the paper's two targets (see
@@ -17,7 +17,6 @@ one that does not depend on whether a conversion ties the head to the embedding.
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import pyarrow as pa
 
 from companion.analysis.traces import Traces, quantile
 from companion.harvest.schema import column
+from companion.models.sizes import non_embedding_parameters
 
 STATS = ("mean", "median", "p5")
 
@@ -171,17 +171,6 @@ def by_family(traces: Traces) -> dict[str, Traces]:
     for fam in dict.fromkeys(families.tolist()):
         out[fam] = Traces(traces.table.filter(pa.array(families == fam)), traces.manifest)
     return out
-
-
-def non_embedding_parameters(model_dir: str | Path, parameters: int) -> int:
-    """``parameters`` less the input embedding and, when it is a tensor of its own, the output head.
-
-    Read from the model's ``config.json`` (``vocab_size``, ``hidden_size``, ``tie_word_embeddings``).
-    """
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    embedding = int(config["vocab_size"]) * int(config["hidden_size"])
-    tied = bool(config.get("tie_word_embeddings", False))
-    return int(parameters) - embedding * (1 if tied else 2)
 
 
 @dataclass(frozen=True)

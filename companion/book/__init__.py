@@ -28,7 +28,8 @@ module              owns
 ``record``          the run record and the reproduction-status page made from it
 ``figure_files``    publishing a run's figures, and their download links in the book
 ``offline``         the check that a built page loads nothing from another host
-``api_page``        the API reference page (autodoc of each listed module)
+``api_page``        the API reference: an index and a page per subpackage (autodoc of each
+                    listed module)
 ``stage``           staging the sources and building the HTML book with jupyter-book
 ``run``             :func:`reproduce`: execute, record, build
 ``cli``             ``companion reproduce`` and ``companion build-book``

@@ -13,13 +13,39 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from companion.figures import FIGURES_ENV
 from companion.book.layout import KERNEL_NAME, Layout, RunFailure
 from companion.book.toc import Chapter
+
+#: Where a chapter run by ``companion reproduce`` notes the harvests it analysed (a file, one folder a line):
+#: :func:`note_harvest` appends, :func:`noted_harvests` reads.
+HARVEST_NOTES_ENV = "COMPANION_HARVEST_NOTES"
+
+
+def note_harvest(traces_dir: str | os.PathLike[str]) -> None:
+    """Note that this chapter analysed the harvest in ``traces_dir`` (its absolute path), when the run sets
+    :data:`HARVEST_NOTES_ENV`; otherwise (a notebook opened by hand) do nothing."""
+    notes = os.environ.get(HARVEST_NOTES_ENV)
+    if not notes:
+        return
+    path = Path(notes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(str(Path(traces_dir).resolve()) + "\n")
+
+
+def noted_harvests(path: Path) -> list[str]:
+    """The harvest folders noted in ``path`` (:func:`note_harvest`), each once, in the order first noted."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
 
 # --------------------------------------------------------------------------------------------
 # Executing one chapter
@@ -116,17 +142,44 @@ def strip_ansi(text: str) -> str:
 
 @dataclass(frozen=True)
 class ExecutedChapter:
-    """What one successful execution gives back: its wall time, the figure files it wrote and
-    its slowest cells (:func:`slowest_cells`)."""
+    """What one successful execution gives back: its wall time, the figure files it wrote, its
+    slowest cells (:func:`slowest_cells`) and the harvest folders it analysed
+    (:func:`note_harvest`)."""
 
     seconds: float
     figures: list[Path]
     slowest_cells: list[dict[str, Any]]
+    harvests: list[str] = field(default_factory=list)
+
+
+def cell_label(source: str) -> str:
+    """What a code cell does, in one line: its first comment when the cell opens with one (a cell's
+    title), else the first line of its first statement that is not an import (magics such as
+    ``%matplotlib inline`` skipped); else its first line."""
+    lines = source.splitlines()
+    text = [ln.strip() for ln in lines if ln.strip()]
+    if not text:
+        return ""
+    if text[0].startswith("#") and text[0].lstrip("#").strip():
+        return text[0].lstrip("#").strip()
+    import ast
+
+    # magics and shell lines are not Python: blank them (keeping the line numbers) before parsing
+    python = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in lines)
+    try:
+        body = ast.parse(python).body
+    except SyntaxError:
+        body = []
+    for node in body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            return lines[node.lineno - 1].strip()
+    return text[0]
 
 
 def slowest_cells(notebook: Path, n: int = 3) -> list[dict[str, Any]]:
     """The ``n`` code cells of an executed notebook that took longest (papermill records each
-    cell's duration): ``{"cell": index in the notebook, "seconds", "source": its first code line}``."""
+    cell's duration): ``{"cell": index in the notebook, "seconds", "source": what it does}``
+    (:func:`cell_label`)."""
     try:
         cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
     except (OSError, ValueError):
@@ -136,9 +189,9 @@ def slowest_cells(notebook: Path, n: int = 3) -> list[dict[str, Any]]:
         duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
         if cell.get("cell_type") != "code" or not isinstance(duration, (int, float)):
             continue
-        source = "".join(cell.get("source", []))
-        first = next((ln.strip() for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
-        timed.append({"cell": i, "seconds": round(float(duration), 2), "source": first})
+        source = cell.get("source", [])
+        source = source if isinstance(source, str) else "".join(source)
+        timed.append({"cell": i, "seconds": round(float(duration), 2), "source": cell_label(source)})
     return sorted(timed, key=lambda c: -c["seconds"])[:n]
 
 
@@ -167,6 +220,8 @@ def execute_chapter(
     figures.mkdir(parents=True)
     out = work / "executed" / f"{chapter.name}.ipynb"
     out.parent.mkdir(parents=True, exist_ok=True)
+    notes = work / "harvests" / f"{chapter.name}.txt"
+    notes.unlink(missing_ok=True)
     pythonpath = os.pathsep.join(filter(None, [str(layout.root), os.environ.get("PYTHONPATH")]))
     jupyter_path = os.pathsep.join(filter(None, [str(work / "jupyter"), os.environ.get("JUPYTER_PATH")]))
     env = {
@@ -174,6 +229,7 @@ def execute_chapter(
         "JUPYTER_PATH": jupyter_path,
         "PYTHONPATH": pythonpath,
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",   # silences a debugger warning at kernel start
+        HARVEST_NOTES_ENV: str(notes),            # the harvests the chapter analyses, for the record
     }
     if threads is not None:
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
@@ -202,4 +258,5 @@ def execute_chapter(
     stale_failure = layout.failed / out.name
     if stale_failure.exists():
         stale_failure.unlink()
-    return ExecutedChapter(seconds, sorted(p for p in figures.iterdir() if not p.name.startswith(".")), slowest)
+    return ExecutedChapter(seconds, sorted(p for p in figures.iterdir() if not p.name.startswith(".")), slowest,
+                           noted_harvests(notes))

@@ -38,7 +38,7 @@ class ChapterExecution:
     python: str = ""
     torch: str | None = None
     commit: str | None = None         # short git commit of the tree, "+dirty" if modified
-    harvest: str | None = None        # the traces analysed, from their manifest (traces_dir given)
+    harvest: str | None = None        # the harvests analysed, from their manifests (:func:`harvest_description`)
     slowest_cells: list[dict[str, Any]] = field(default_factory=list)  # {"cell", "seconds", "source"}
     jobs: int = 1                     # chapters executing at once in that run (one thread each when > 1)
 
@@ -123,13 +123,37 @@ def _short_model(name: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else name
 
 
-def describe_harvest(manifest: dict[str, Any]) -> str:
+def weights_id(ident: dict[str, Any] | None, digits: int = 16) -> str | None:
+    """What identifies a model's weights in a harvest manifest, shortened to ``digits`` hex digits:
+    the sha256 of the GGUF file it was converted from (the file a reader can check against the
+    package index), else of its weight file(s), else its hub revision, else the sha256 of its tensors."""
+    if not ident:
+        return None
+
+    def short(h: str) -> str:
+        return h[:digits] + "…" if len(h) > digits else h
+
+    conv = ident.get("converted_from")
+    if isinstance(conv, dict) and conv.get("gguf_sha256"):
+        return f"GGUF sha256 {short(str(conv['gguf_sha256']))}"
+    files = ident.get("weights_sha256")
+    if isinstance(files, dict) and files:
+        return "sha256 " + ", ".join(short(str(h)) for _, h in sorted(files.items()))
+    if ident.get("revision"):
+        return f"revision {short(str(ident['revision']))}"
+    if ident.get("state_dict_sha256"):
+        return f"tensors' sha256 {short(str(ident['state_dict_sha256']))}"
+    return None
+
+
+def describe_harvest(manifest: dict[str, Any], *, weights: bool = False) -> str:
     """One Markdown line describing a harvest from its manifest alone: what a chapter analysed.
 
     Preset, target and drafter (name and size), dtype, device, prompt source, prompts and
     steps, and the number of steps whose two largest target logits are exactly equal. Read from
     the manifest, never from the preset table, so that traces made elsewhere (another machine,
-    other models via ``--target``) are described as they were made.
+    other models via ``--target``) are described as they were made. ``weights``: each model's
+    weights named by their sha256 too (:func:`weights_id`; the manifest holds the full digests).
     """
     cfg = manifest.get("config", {})
     env = manifest.get("environment", {})
@@ -140,10 +164,12 @@ def describe_harvest(manifest: dict[str, Any]) -> str:
             return "none"
         n = ident.get("parameters", 0)
         size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+        digest = weights_id(ident) if weights else None
+        tail = f"; {digest}" if digest else ""
         conv = ident.get("converted_from")
         if isinstance(conv, dict) and conv.get("display_name"):
-            return f"{conv['display_name']} ({conv.get('quantization', '?')} GGUF; {size} parameters)"
-        return f"`{_short_model(ident.get('name') or '(in memory)')}` ({size} parameters)"
+            return f"{conv['display_name']} ({conv.get('quantization', '?')} GGUF; {size} parameters{tail})"
+        return f"`{_short_model(ident.get('name') or '(in memory)')}` ({size} parameters{tail})"
 
     preset = manifest.get("extra", {}).get("preset", "(none)")
     device = cfg.get("device_type", "?")
@@ -160,22 +186,29 @@ def describe_harvest(manifest: dict[str, Any]) -> str:
     return text
 
 
-def harvest_description(traces_dir: Any) -> str | None:
-    """:func:`describe_harvest` of the manifest in ``traces_dir``; None if not given or unreadable."""
-    if not traces_dir:
+def harvest_description(traces_dirs: Any) -> str | None:
+    """:func:`describe_harvest` (with the weights' sha256) of the manifest in each of ``traces_dirs`` (one
+    folder or several, in order), joined by "; "; None if none is given or readable."""
+    if not traces_dirs:
         return None
-    try:
-        manifest = json.loads((Path(str(traces_dir)) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return describe_harvest(manifest)
+    dirs = [traces_dirs] if isinstance(traces_dirs, (str, os.PathLike)) else list(traces_dirs)
+    described = []
+    for d in dict.fromkeys(str(x) for x in dirs if x):
+        try:
+            manifest = json.loads((Path(d) / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        described.append(describe_harvest(manifest, weights=True))
+    return "; ".join(described) or None
 
 
 def _models(run: ChapterExecution) -> str:
-    """Preset and models: from the analysed harvest's manifest when the chapter was given one,
-    else from the preset name and any *model* parameters of the chapter."""
+    """Preset and models: from the manifests of the harvests the chapter analysed (given as
+    ``traces_dir`` or made by ``chapter_traces``), else from the preset name and any *model*
+    parameters of the chapter."""
     if run.harvest:
-        return f"traces `{run.parameters.get('traces_dir')}`: {run.harvest}"
+        given = run.parameters.get("traces_dir")
+        return (f"traces `{given}`: " if given else "") + run.harvest
     parts = []
     if run.preset is not None:
         described = _preset_description(run.preset)

@@ -147,7 +147,7 @@ def reproduce(
             source_sha256=file_sha256(chapter.path), profile=profile.name, parameters=params,
             device=device, device_name=device_name, started=started, seconds=round(seconds, 2),
             figures=names, python=python, torch=torch, commit=commit,
-            harvest=harvest_description(params.get("traces_dir")),
+            harvest=harvest_description(result.harvests or params.get("traces_dir")),
             slowest_cells=result.slowest_cells, jobs=jobs,
         )
         save_record(record, layout.record)

@@ -17,7 +17,7 @@ from companion.book.record import (
     load_record,
     render_status_markdown,
 )
-from companion.book.api_page import API_MARKER, probe_modules, render_api_section
+from companion.book.api_page import render_api_pages
 from companion.book.execute import file_sha256, strip_ansi
 from companion.book.figure_files import link_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, RunFailure, yaml_module
@@ -44,7 +44,7 @@ def caption_figures(path: Path, available: set[str], note: str, source: Path | N
     ``{"mystnb": {"figure": {"caption": ..., "name": ...}}}`` in its metadata keeps its source
     and its other outputs; its image output is replaced by a Markdown cell after it holding a
     ``{figure}`` directive on the staged ``figures/NAME.png``, with the caption, ``note`` (which
-    run drew it) and the PNG and PDF download links. Sphinx numbers such figures. The metadata
+    run drew it) and the PNG and PDF download links (and the metadata's ``figclass``, if any). Sphinx numbers such figures. The metadata
     is removed, so that myst-nb does not wrap the cell's other outputs in figures as well.
     With ``source`` (the chapter's source notebook), a caption there, matched by cell id, wins
     over the executed copy's, so that captions can be edited without rerunning the chapter.
@@ -83,8 +83,10 @@ def caption_figures(path: Path, available: set[str], note: str, source: Path | N
                            and not FIGURE_MARKER.match(str(out.get("data", {}).get("text/markdown", "")).strip())]
         label = options.get("name") or f"fig-{name}"
         caption = " ".join(str(options["caption"]).split())
+        # a figure drawn for a phone (companion.figures.palette.PHONE_FIGCLASS) keeps its class, for the stylesheet
+        figclass = f":figclass: {options['figclass']}\n" if options.get("figclass") else ""
         cells.append(nbformat.v4.new_markdown_cell(
-            f"```{{figure}} ../figures/{name}.png\n:name: {label}\n:width: 100%\n\n"
+            f"```{{figure}} ../figures/{name}.png\n:name: {label}\n:width: 100%\n{figclass}\n"
             f"{caption} {note} Download: {{download}}`{name}.png <../figures/{name}.png>` · "
             f"{{download}}`{name}.pdf <../figures/{name}.pdf>`\n```"))
         done += 1
@@ -152,16 +154,7 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
         generated = render_status_markdown(record, rows, figures)
         status_page.write_text(text.replace(STATUS_MARKER, generated), encoding="utf-8")
 
-    api_page = stage / "book" / "api.md"
-    if api_page.is_file():
-        text = api_page.read_text(encoding="utf-8")
-        modules = API_MARKER.findall(text)
-        probed = probe_modules(modules, root) if modules else {}
-        for module, (status, detail) in probed.items():
-            if status == "error":
-                log(f"warning: API reference: {module} does not import ({detail})")
-        api_page.write_text(API_MARKER.sub(lambda m: render_api_section(m.group(1), *probed[m.group(1)]), text),
-                            encoding="utf-8")
+    render_api_pages(stage / "book", root, log)
     return {"staged": [c.name for c in staged], "missing": [c.name for c in missing], "figures": figures}
 
 

@@ -35,6 +35,11 @@ __all__ = [
     "DISPLAY_WIDTH_IN",
     "MIN_DISPLAY_PT",
     "FIG_WIDTH",
+    "PHONE_WIDTH_IN",
+    "PHONE_MIN_PT",
+    "PHONE_FIG_WIDTH",
+    "PHONE_FIGCLASS",
+    "PHONE_DESKTOP_PX",
     "TICK_SIZE",
     "LABEL_SIZE",
     "LEGEND_SIZE",
@@ -98,6 +103,25 @@ FIG_WIDTH = 6.6
 """Width (inches) of every figure: a little under the column, so that with the saved figure's
 tight margins a font is shown at about 1.04 times its size and none of the sizes below reads
 under :data:`MIN_DISPLAY_PT`. Panels go at most two to a row; wider layouts stack vertically."""
+
+PHONE_WIDTH_IN = 342 / 96
+"""Width (inches, at 96 CSS px per inch) at which a figure is shown on a phone 390 px wide (measured
+in Chromium on the built book: 342 px, inside the page's margins and the figure's own): a figure
+saved ``w`` inches wide is scaled by ``PHONE_WIDTH_IN / w`` there."""
+
+PHONE_MIN_PT = 7.5
+"""Smallest text (points, 10 CSS px) a figure drawn for a phone shows at :data:`PHONE_WIDTH_IN`."""
+
+PHONE_FIG_WIDTH = 3.8
+"""Width (inches) of a figure drawn for a phone (:data:`PHONE_FIGCLASS`): one panel, its legend
+below, so that at :data:`PHONE_WIDTH_IN` no font of the sizes below reads under :data:`PHONE_MIN_PT`."""
+
+PHONE_FIGCLASS = "companion-phone"
+"""The ``figclass`` a chapter gives a figure drawn for a phone: the book's stylesheet shows it at
+most :data:`PHONE_DESKTOP_PX` wide on a wide screen, where the column would blow it up."""
+
+PHONE_DESKTOP_PX = 480
+"""Largest width (CSS px) of a phone figure on a wide screen (``book/_ext/static/companion.css``)."""
 
 TICK_SIZE = 10
 LABEL_SIZE = 10

@@ -2,7 +2,7 @@
 
 Examples::
 
-    companion harvest --out traces/default                        # embedded pair, CPU
+    companion harvest --out traces/closed-world                   # embedded pair, CPU
     companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b   # CUDA, bf16
     accelerate launch --num_processes 4 -m companion harvest --preset paper-qwen3-4b --out traces/qwen3-4b
 
@@ -10,7 +10,7 @@ Rerunning the same command resumes an interrupted harvest; a different configura
 same ``--out`` is refused. One process writes a folder at a time: a second harvest of the same
 ``--out`` (or a chapter harvesting it through ``chapter_traces``) says in one line that it waits,
 waits for the lock ``<out>.lock`` beside the folder, then resumes what the first one wrote
-(``companion.harvest.cache.exclusive``).
+(``companion.harvest.lock.exclusive``).
 
 Every mistake that can be found without the models (options, folders, the prompt file, the
 output folder, the device) is found before they load, and ends the command with one line on
@@ -107,8 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "incomplete or failed while writing, 2 refused (nothing written), 130 interrupted.",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory (created; resumed if it holds this harvest)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="models, prompts and settings (default: default, the embedded CPU pair)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="closed-world",
+                   help="models, prompts and settings (default: closed-world, the embedded CPU pair; "
+                        "'default' is its former name)")
     p.add_argument("--target", help="target model: hub id or local folder (overrides the preset)")
     p.add_argument("--drafter", help="drafter model: hub id or local folder (overrides the preset)")
     p.add_argument("--no-drafter", action="store_true", help="target-side statistics only (the paper's setting)")
@@ -150,6 +151,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 # -------------------------------------------------------------------------------------------------
 # The command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``companion harvest ARGV`` from code (the full profile, the rehearsal) as ``companion`` runs it;
+    return its exit status."""
+    from companion.parsing import OneLineParser, run_parsed
+
+    parser = OneLineParser(prog="companion")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    return run_parsed(parser, ["harvest", *(sys.argv[1:] if argv is None else argv)])
 
 
 def _say(message: str) -> None:
@@ -243,7 +254,7 @@ def _harvest(args: argparse.Namespace, stage: dict[str, bool]) -> int:
         # missing weights offline, mismatched tokenizers, unreadable folders: a line, not a traceback
         raise Refusal(_one_line(err)) from None
 
-    from companion.harvest.cache import exclusive
+    from companion.harvest.lock import exclusive
 
     def waiting(lock: Path) -> None:
         _say(f"--out {args.out}: another process is harvesting into it (it holds {lock}); waiting for it to "

@@ -1,7 +1,8 @@
 """The full profile: the paper's protocol at its size on Qwen2.5-Coder-1.5B, run once and committed as data.
 
-The paper measures 500 prompts x up to 128 greedy steps per target. On two CPU cores that is
-an hour or more for the 1.5B, too long for the book's default build, so it is run once by
+The paper measures 500 prompts x up to 128 greedy steps per target. On two CPU cores that takes
+tens of minutes for the 1.5B (the committed run's wall time, from its manifest: :func:`recorded_time`),
+too long for the book's default build, so it is run once by
 ``companion full-profile`` (resumable: rerun the same command after a stop) and its per-step
 summary is committed: ``companion/assets/full_profile/`` holds
 
@@ -113,7 +114,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
     """
     from companion.harvest import load_traces
     from companion.harvest.store import read_manifest
-    from companion.analysis.size_axis import non_embedding_parameters
+    from companion.models.sizes import non_embedding_parameters
 
     harvest = read_manifest(run_dir)
     table = load_traces(run_dir)
@@ -159,6 +160,16 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
     return manifest
 
 
+def recorded_time(data_dir: Path = FULL_PROFILE_DIR) -> str:
+    """How long the committed run took, from its manifest: ``"41 minutes on 2 threads"``; ``"unknown"``
+    without a readable manifest."""
+    try:
+        manifest = json.loads((data_dir / MANIFEST_FILE.name).read_text(encoding="utf-8"))
+        return f"{float(manifest['wall_s']) / 60:.0f} minutes on {manifest['threads']} threads"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown"
+
+
 def load(data_dir: Path = FULL_PROFILE_DIR) -> tuple[pa.Table, dict[str, Any]]:
     """The committed per-step table and its manifest, the data checked against the manifest's sha256.
 
@@ -167,7 +178,8 @@ def load(data_dir: Path = FULL_PROFILE_DIR) -> tuple[pa.Table, dict[str, Any]]:
     """
     manifest_path = data_dir / MANIFEST_FILE.name
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"no full profile in {data_dir}: `{COMMAND}` makes it (about an hour on two cores)")
+        raise FileNotFoundError(f"no full profile in {data_dir}: `{COMMAND}` makes it (the committed run took "
+                                f"{recorded_time()})")
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     data = (data_dir / manifest["data_file"]).read_bytes()
     if hashlib.sha256(data).hexdigest() != manifest["data_sha256"]:
@@ -263,8 +275,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the paper's protocol at its size on the 1.5B (500 prompts x 128 steps; resumable) and "
              "write its per-step summary into the package",
         description="Harvest the full profile (the qwen2.5-coder preset's target alone on the first 500 prompts "
-                    "of chat-and-stdlib, 128 greedy steps, batches of 16, two threads; about an hour on two "
-                    "cores, resumable: rerun to continue) and write its per-step summary and manifest to "
+                    f"of chat-and-stdlib, 128 greedy steps, batches of 16, two threads; the committed run took "
+                    f"{recorded_time()}; resumable: rerun to continue) and write its per-step summary and manifest to "
                     f"{FULL_PROFILE_DIR}. Exit status: 0 written, 1 the harvest did not complete, 2 refused.")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                    help=f"the harvest's folder (default: {DEFAULT_RUN_DIR}; resumed if it holds this run)")
@@ -274,9 +286,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_full_profile(args: argparse.Namespace) -> int:
-    from companion.cli import main as companion_main
+    from companion.harvest.cli import main as harvest_main
 
-    status = companion_main(PROFILE.harvest_argv(args.run_dir))
+    status = harvest_main(PROFILE.harvest_argv(args.run_dir)[1:])
     if status != 0:
         return status
     manifest = export(args.run_dir, args.out)

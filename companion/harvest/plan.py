@@ -1,7 +1,7 @@
 """What a harvest will run on: a preset and its overrides resolved into names and prompts, then loaded.
 
 One path for everything that harvests: ``companion harvest`` (``companion.harvest.cli``) and
-the chapters' cache (``companion.harvest.cache``) both call :func:`plan_harvest` and
+the chapters' cache (``companion.book.harvest_cache``) both call :func:`plan_harvest` and
 :func:`load_planned`, so a preset means the same models, tokenizer and prompts wherever it is
 named. Planning loads no model; every mistake it can find raises :class:`PlanError` with one
 line that names the option at fault (the CLI turns it into exit status 2).
@@ -51,7 +51,7 @@ class HarvestPlan:
 
 
 def plan_harvest(
-    preset: str = "default",
+    preset: str = "closed-world",
     *,
     target: str | None = None,
     drafter: str | None = None,

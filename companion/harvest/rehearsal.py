@@ -95,7 +95,7 @@ def rehearse(folder: str | Path, *, n_prompts: int = 16, n_steps: int = 24, batc
     prompt selection, the chat template and the bfloat16 statistics are the ones a GPU run uses.
     Raises ``RuntimeError`` if a harvest does not finish.
     """
-    from companion.cli import main as companion_main
+    from companion.harvest.cli import main as harvest_main
 
     root = Path(folder)
     root.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,7 @@ def rehearse(folder: str | Path, *, n_prompts: int = 16, n_steps: int = 24, batc
     traces = root / "traces"
     bare = root / "traces-no-drafter"
     for out, extra in ((traces, ["--drafter", str(pair["drafter"])]), (bare, ["--no-drafter"])):
-        code = companion_main(["harvest", "--out", str(out), *common, *extra])
+        code = harvest_main(["--out", str(out), *common, *extra])
         if code != 0:
             raise RuntimeError(f"companion harvest exited with {code} for {out}")
     return Rehearsal(pair, ultrachat, traces, bare)

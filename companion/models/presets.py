@@ -256,6 +256,6 @@ def check_default_assets(parts: Iterable[str] = ("target", "drafter", "prompts")
     missing = [str(files[p]) for p in wanted if not files[p].exists()]
     if missing:
         raise FileNotFoundError(
-            "the 'default' preset needs the embedded pair, which is not in this checkout "
+            "the 'closed-world' preset needs the embedded pair, which is not in this checkout "
             f"(missing: {', '.join(missing)}). Restore it from the repository (`git checkout -- {ASSET_DIR}`), "
             "or give the models and prompts yourself: --target DIR --drafter DIR --prompts FILE.jsonl")

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m companion.models.weights``: the same as ``companion fetch-weights``."""
-    from companion.cli import OneLineParser
+    from companion.parsing import OneLineParser
 
     parser = OneLineParser(prog="python -m companion.models.weights")
     sub = parser.add_subparsers(dest="command")

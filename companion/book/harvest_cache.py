@@ -1,15 +1,18 @@
 """The experiment chapters' harvests: made once per configuration, cached under ``runs/``, reused.
 
-:func:`chapter_traces` is what chapters 7 and 8 call: it returns the traces of a finished
+:func:`chapter_traces` is what chapters 7, 8 and 10 call: it returns the traces of a finished
 harvest (``traces_dir``), or harvests a preset into a folder named after its configuration
 (:func:`default_traces_dir`), resuming what is there and setting aside a cache made by another
-configuration. The statistics computed on the traces live in :mod:`companion.analysis.traces`.
+configuration. It belongs to the book: the folder is found from the book project's root and the
+harvest is described as the reproduction-status page describes it. The harvest itself, the lock
+one writer takes on a folder (:mod:`companion.harvest.lock`) and the worker process of a
+multi-process harvest (:mod:`companion.harvest.chapter_worker`) are the harvest layer's; the
+statistics computed on the traces live in :mod:`companion.analysis.traces`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,11 @@ import torch
 
 from companion.atomic import replace_dir
 from companion.book.layout import ReproduceError, find_root
+from companion.book.execute import note_harvest
 from companion.book.record import describe_harvest
 from companion.harvest import plan as planning
+from companion.harvest.chapter_worker import ChapterJob
+from companion.harvest.lock import exclusive
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class ChapterTraces:
 
     def describe(self) -> str:
         """One Markdown line from the harvest's manifest: preset, models (and sizes), dtype, device,
-        prompts, steps and exact ties (``companion.status.describe_harvest``)."""
+        prompts, steps and exact ties (``companion.book.record.describe_harvest``)."""
         return describe_harvest(self.manifest)
 
 
@@ -62,7 +68,7 @@ def default_traces_dir(preset: str, n_prompts: int, n_steps: int, *, device_type
     return root / f"{preset}-{n_prompts}x{n_steps}-{device_type}-b{batch}-seed{seed}"
 
 
-def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
+def chapter_traces(preset: str = "closed-world", *, device: str = "auto", seed: int = 0, n_prompts: int = 64,
                    n_steps: int = 64, batch_size: int | None = None, traces_dir: str | os.PathLike[str] = "",
                    runs_root: str | os.PathLike[str] | None = None, progress: bool = False,
                    cpu_threads: int | None = 1, processes: int = 1) -> ChapterTraces:
@@ -93,7 +99,21 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
     cores SmolLM2's 36 x 128 harvest took 158 s against 226 s. A folder that exists (resumed,
     or of another configuration) is harvested in this process; so is everything when the
     processes fail, after saying why.
+
+    Under ``companion reproduce``, the folder is noted for the run record
+    (``companion.book.execute.note_harvest``), so the reproduction-status page names the
+    models and weights each chapter analysed.
     """
+    got = _chapter_traces(preset, device=device, seed=seed, n_prompts=n_prompts, n_steps=n_steps,
+                          batch_size=batch_size, traces_dir=traces_dir, runs_root=runs_root, progress=progress,
+                          cpu_threads=cpu_threads, processes=processes)
+    note_harvest(got.traces_dir)  # for the run record's status page, under `companion reproduce`
+    return got
+
+
+def _chapter_traces(preset: str, *, device: str, seed: int, n_prompts: int, n_steps: int, batch_size: int | None,
+                    traces_dir: str | os.PathLike[str], runs_root: str | os.PathLike[str] | None, progress: bool,
+                    cpu_threads: int | None, processes: int) -> ChapterTraces:
     from companion.models.devices import resolve_device, usable_cores
     from companion.harvest import read_manifest
 
@@ -111,7 +131,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
                               runs_root=runs_root) if auto else Path(traces_dir))
     # The same plan and loading as `companion harvest --preset PRESET --n-prompts N --seed S`.
     plan = planning.plan_harvest(preset, n_prompts=n_prompts, seed=seed)
-    job = _Job(preset, n_prompts, n_steps, batch_size, seed, progress, cpu_threads)
+    job = ChapterJob(preset, n_prompts, n_steps, batch_size, seed, progress, cpu_threads)
     # Chapters 7, 8 and 10 share this folder and `companion reproduce` may run them at once: the
     # others wait here, then find the first one's complete harvest and reuse it.
     with exclusive(out):
@@ -129,27 +149,7 @@ def chapter_traces(preset: str = "default", *, device: str = "auto", seed: int =
         return _harvest_here(job, plan, dev, out, auto)
 
 
-@dataclass(frozen=True)
-class _Job:
-    """A chapter's harvest, by the parameters that name it (what a worker process needs to redo it)."""
-
-    preset: str
-    n_prompts: int
-    n_steps: int
-    batch_size: int | None
-    seed: int
-    progress: bool
-    cpu_threads: int | None
-
-    def harvest_kwargs(self, plan: planning.HarvestPlan) -> dict[str, Any]:
-        return dict(n_steps=self.n_steps, batch_size=self.batch_size, seed=self.seed,
-                    prompt_set_name=plan.prompt_set_name, progress=self.progress,
-                    extra={"preset": self.preset,
-                           "chapter_parameters": {"n_prompts": self.n_prompts, "n_steps": self.n_steps,
-                                                  "batch_size": self.batch_size, "seed": self.seed}})
-
-
-def _harvest_in_processes(job: _Job, out: Path, processes: int) -> str | None:
+def _harvest_in_processes(job: ChapterJob, out: Path, processes: int) -> str | None:
     """Run ``job`` into ``out`` in ``processes`` CPU processes (:mod:`companion.harvest.chapter_worker`
     under ``torch.distributed.run``); None when they finished it, else why not (their last lines)."""
     import json
@@ -182,7 +182,7 @@ def _harvest_in_processes(job: _Job, out: Path, processes: int) -> str | None:
     return f"exit status {proc.returncode}: " + (" | ".join(tail) or "no message")
 
 
-def _harvest_here(job: _Job, plan: planning.HarvestPlan, dev: torch.device, out: Path, auto: bool) -> ChapterTraces:
+def _harvest_here(job: ChapterJob, plan: planning.HarvestPlan, dev: torch.device, out: Path, auto: bool) -> ChapterTraces:
     """Harvest (or resume) ``job`` into ``out`` in this process; ``auto``: a cache folder, whose harvest of
     another configuration is moved aside to ``<out>.stale``."""
     from companion.harvest import harvest
@@ -209,45 +209,6 @@ def _harvest_here(job: _Job, plan: planning.HarvestPlan, dev: torch.device, out:
     if manifest.get("status") != "complete":
         raise RuntimeError(f"the harvest in {out} is {manifest.get('status')!r}; rerun to finish it")
     return ChapterTraces(out, manifest, sum(int(r["rows"]) for r in manifest.get("runs", [])[before:]))
-
-
-def lock_path(out: Path, rank: int = 0) -> Path:
-    """The lock file of harvest folder ``out`` for process ``rank``: ``<out>.lock`` beside it (rank 0, and
-    every single-process harvest), ``<out>.rank<r>.lock`` for the other processes of a distributed one."""
-    return out.with_name(out.name + (".lock" if rank == 0 else f".rank{rank}.lock"))
-
-
-@contextlib.contextmanager
-def exclusive(out: Path, *, rank: int = 0, on_wait: Callable[[Path], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on :func:`lock_path` while harvesting into ``out``: one writer per folder.
-
-    A POSIX advisory lock (``fcntl.flock``): another process that takes it waits until the holder's
-    block ends or the holder dies (the kernel releases it then: no stale lock to clean up). Every
-    writer takes it, ``chapter_traces`` and ``companion harvest`` alike, so two of them never write
-    shards or the manifest of one folder at once; the second then resumes the first's harvest (its
-    complete shards are reused). ``on_wait(lock file)`` is called once if the lock is held by
-    another process, before waiting. Each process of a distributed harvest locks its own rank's
-    file, so ranks of one run never wait on each other, and rank ``r`` of a second run waits for
-    rank ``r`` of the first. Where ``fcntl`` does not exist (Windows), nothing is locked.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a POSIX system
-        yield
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    path = lock_path(out, rank)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait(path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _runs_done(out: Path) -> int:
