@@ -15,6 +15,7 @@ from companion.speculative.heldout import (
     HeldOut,
     choose_builtin,
     held_out_comparison,
+    held_out_goal_summary,
     held_out_sentence,
     held_out_summary,
     ratio_text,
@@ -108,3 +109,46 @@ def test_ratio_text_keeps_a_ratio_off_one():
     assert ratio_text(0.957) == "0.957" and ratio_text(1.0) == "1.000"
     assert ratio_text(0.99976) == "0.9998" and ratio_text(1.0000004) == "1.000000"
     assert ratio_text(1.00004) == "1.00004"
+
+
+def test_the_choice_can_be_restricted_to_the_constant_schedules():
+    calibration = [recording(30, 30, i) for i in range(2)]
+    held_out = [recording(30, 1 + i % 2, i) for i in range(6)]
+    cmp = replay_comparison(held_out, [], COSTS, builtins=BUILTINS + ["confidence:0.4"], calibrated=(), cold=False)
+    h = held_out_comparison(cmp, calibration, "confidence:0.4", among=["constant:0", "constant:1", "constant:2"],
+                            kind="constant schedule", n_boot=200)
+    assert h.chosen == min(["constant:0", "constant:1", "constant:2"], key=lambda b: by_hand(calibration, b))
+    assert set(h.calibration_cost) == {"constant:0", "constant:1", "constant:2"}
+    assert h.hindsight in h.calibration_cost
+    assert "the constant schedule cheapest on the 2 calibration prompts" in held_out_sentence(h)
+    with pytest.raises(ValueError, match="not among the comparison's built-ins"):
+        held_out_comparison(cmp, calibration, "confidence:0.4", among=["constant:9"])
+
+
+@pytest.mark.parametrize("ratio, words", [
+    ((0.93, 0.90, 0.96), "is 7.0% cheaper than `constant:5`, the constant schedule chosen on the calibration prompts, "
+                         "on 14 held-out prompts (ratio 0.930 [0.900, 0.960], wholly below 1), at least the 5% asked"),
+    ((0.957, 0.92, 0.99976), "is 4.3% cheaper than `constant:5`, the constant schedule chosen on the calibration "
+                             "prompts, on 14 held-out prompts (ratio 0.957 [0.920, 0.9998], wholly below 1), "
+                             "less than the 5% asked"),
+    ((1.04, 1.01, 1.07), "is 4.0% dearer than `constant:5`"),
+    ((0.991, 0.978, 1.004), "is not resolved from `constant:5`, the constant schedule chosen on the calibration "
+                            "prompts, on 14 held-out prompts (ratio 0.991 [0.978, 1.004], which contains 1)"),
+    ((1.0, 1.0, 1.0), "costs exactly what `constant:5`"),
+])
+def test_goal_summary_states_the_held_out_constant_comparison_in_every_branch(ratio, words):
+    h = HeldOut("certificate", "constant:5", {}, 2, 14, RatioEstimate(*ratio), "constant:4", kind="constant schedule")
+    within = held_out_goal_summary(RatioEstimate(1.05, 1.02, 1.08), h)
+    assert within.startswith("the cheapest policy replayed is within 10% of the oracle, its whole 95 % interval "
+                             "included, and the certificate rule ")
+    assert words in within
+    assert "best constant" not in within
+
+
+def test_goal_summary_keeps_the_oracle_caveats():
+    h = HeldOut("certificate", "constant:5", {}, 2, 14, RatioEstimate(0.99, 0.97, 1.01), "constant:5",
+                kind="constant schedule")
+    point_only = held_out_goal_summary(RatioEstimate(1.08, 1.03, 1.14), h)
+    assert "by its point estimate (1.080), though its 95 % interval reaches above 1.10 (to 1.140)" in point_only
+    assert held_out_goal_summary(RatioEstimate(1.3, 1.2, 1.4), h).startswith(
+        "none of the policies replayed is within 10% of the oracle (the cheapest costs 1.300 times its cost)")

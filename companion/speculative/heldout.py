@@ -38,6 +38,7 @@ class HeldOut:
     n_held_out: int
     ratio: RatioEstimate
     hindsight: str
+    kind: str = "built-in"   # what was chosen among, in words ("built-in", "constant schedule")
 
     @property
     def outcome(self) -> str:
@@ -71,15 +72,22 @@ def choose_builtin(calibration_chains: Sequence[RecordedChains], builtins: Seque
 
 
 def held_out_comparison(comparison: PolicyComparison, calibration_chains: Sequence[RecordedChains],
-                        policy: str = "certificate", *, n_boot: int = 2000, seed: int = 0) -> HeldOut:
-    """``policy`` on the held-out prompts of ``comparison`` against the built-in of ``comparison.builtins``
-    cheapest on ``calibration_chains`` at ``comparison.costs``: see :class:`HeldOut`."""
+                        policy: str = "certificate", *, among: Sequence[str] | None = None, kind: str = "built-in",
+                        n_boot: int = 2000, seed: int = 0) -> HeldOut:
+    """``policy`` on the held-out prompts of ``comparison`` against the built-in of ``among`` (default: all of
+    ``comparison.builtins``) cheapest on ``calibration_chains`` at ``comparison.costs``: see :class:`HeldOut`.
+    ``kind`` names what ``among`` holds in the sentences (``"constant schedule"`` for the constants only)."""
     if policy not in comparison.results:
         raise ValueError(f"policy {policy!r} was not run in the comparison (runs: {comparison.policies})")
-    chosen, cost = choose_builtin(calibration_chains, comparison.builtins, comparison.costs)
+    names = list(comparison.builtins) if among is None else list(among)
+    missing = [b for b in names if b not in comparison.builtins]
+    if missing:
+        raise ValueError(f"{missing} are not among the comparison's built-ins {comparison.builtins}")
+    chosen, cost = choose_builtin(calibration_chains, names, comparison.costs)
     ratio = comparison.ratio(policy, [chosen], n_boot=n_boot, seed=seed)
+    hindsight = min(names, key=lambda b: comparison.prompt_costs(b).sum())
     return HeldOut(policy=policy, chosen=chosen, calibration_cost=cost, n_calibration=len(calibration_chains),
-                   n_held_out=len(comparison.tokens()), ratio=ratio, hindsight=comparison.best_builtin())
+                   n_held_out=len(comparison.tokens()), ratio=ratio, hindsight=hindsight, kind=kind)
 
 
 def ratio_text(x: float) -> str:
@@ -102,7 +110,7 @@ def _interval(r: RatioEstimate) -> str:
 
 
 def _chosen_words(h: HeldOut) -> str:
-    return (f"`{h.chosen}`, the built-in cheapest on the {h.n_calibration} calibration "
+    return (f"`{h.chosen}`, the {h.kind} cheapest on the {h.n_calibration} calibration "
             f"prompt{'s' if h.n_calibration != 1 else ''}")
 
 
@@ -127,7 +135,7 @@ def held_out_sentence(h: HeldOut, name: str = "the certificate policy") -> str:
 def held_out_summary(h: HeldOut) -> str:
     """The held-out verdict as a clause to follow "the certificate policy" (the summary and the book's landing page)."""
     n = f"{h.n_held_out} held-out prompt{'s' if h.n_held_out != 1 else ''}"
-    chosen = f"`{h.chosen}` (the built-in chosen on calibration prompts)"
+    chosen = f"`{h.chosen}` (the {h.kind} chosen on calibration prompts)"
     ci = f"ratio {_interval(h.ratio)}"
     kind = h.outcome
     if kind == "same":
@@ -137,3 +145,35 @@ def held_out_summary(h: HeldOut) -> str:
     if kind == "dearer":
         return f"cost {_pct(h.ratio.point)} more per token than {chosen} on {n} ({ci}, wholly above 1)"
     return f"showed no resolved difference in cost per token from {chosen} on {n} ({ci}, which contains 1)"
+
+
+def held_out_goal_summary(best_vs_oracle: RatioEstimate, h: HeldOut, *, within: float = 0.10,
+                          cheaper_by: float = 0.05) -> str:
+    """At one replayed cost model, a clause for the summary: is the cheapest policy replayed within ``within`` of
+    the oracle (the caveat when only its point estimate is), and how the certificate rule compares, on the
+    held-out prompts, with the constant schedule chosen on the calibration prompts (``h``), against the
+    ``cheaper_by`` saving asked."""
+    limit = 1.0 + within
+    if best_vs_oracle.hi <= limit:
+        first = f"the cheapest policy replayed is within {within:.0%} of the oracle, its whole 95 % interval included"
+    elif best_vs_oracle.point <= limit:
+        first = (f"the cheapest policy replayed is within {within:.0%} of the oracle by its point estimate "
+                 f"({ratio_text(best_vs_oracle.point)}), though its 95 % interval reaches above {limit:.2f} "
+                 f"(to {ratio_text(best_vs_oracle.hi)})")
+    else:
+        first = (f"none of the policies replayed is within {within:.0%} of the oracle (the cheapest costs "
+                 f"{ratio_text(best_vs_oracle.point)} times its cost)")
+    kind = h.outcome
+    against = f"`{h.chosen}`, the {h.kind} chosen on the calibration prompts, on {h.n_held_out} held-out prompts"
+    ci = f"ratio {_interval(h.ratio)}"
+    if kind == "same":
+        second = f"costs exactly what {against} costs"
+    elif kind == "cheaper":
+        size = 1.0 - h.ratio.point
+        second = (f"is {_pct(h.ratio.point)} cheaper than {against} ({ci}, wholly below 1), "
+                  + (f"at least the {cheaper_by:.0%} asked" if size >= cheaper_by else f"less than the {cheaper_by:.0%} asked"))
+    elif kind == "dearer":
+        second = f"is {_pct(h.ratio.point)} dearer than {against} ({ci}, wholly above 1)"
+    else:
+        second = f"is not resolved from {against} ({ci}, which contains 1)"
+    return f"{first}, and the certificate rule {second}"
