@@ -43,3 +43,8 @@ def test_policy_costs_bars_are_the_costs() -> None:
     ax = fig.axes[0]
     at = {t.get_text(): y for t, y in zip(ax.get_yticklabels(), ax.get_yticks())}
     assert sorted(at, key=at.get, reverse=True) == [r.policy for r in rows]  # first row on top
+    assert ax.get_title().endswith("(dashed: best built-in)")
+    chosen = F.policy_costs(rows, builtins=["constant:0", "constant:3", "confidence:0.4"], best="confidence:0.4",
+                            best_label="the built-in chosen on the calibration answers")
+    assert _artist(chosen, "best-builtin").get_xdata()[0] == pytest.approx(0.9)
+    assert chosen.axes[0].get_title().endswith("(dashed: the built-in chosen on the calibration answers)")

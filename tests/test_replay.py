@@ -16,6 +16,7 @@ import torch
 
 from companion.speculative import (
     CALIBRATED,
+    ChainsTooShort,
     ORACLE,
     CostModel,
     DraftStep,
@@ -30,6 +31,7 @@ from companion.speculative import (
     oracle_result,
     parse_policy,
     record_chains,
+    fits,
     record_many,
     replay,
     replay_comparison,
@@ -111,6 +113,44 @@ def test_max_drafts_cuts_the_chains_and_replay_refuses_to_guess(pair):
     for spec in ("constant:3", "confidence:0.5,3"):
         assert not same_rounds(replay(full, spec), replay(short, spec)), spec
     with pytest.raises(ValueError, match="max_drafts = 3"):
+        replay(short, "constant:4")
+
+
+def test_capped_recording_fits_every_replay_and_equals_the_uncapped_one(pair):
+    """The chapter's recording (record_many with max_drafts and enough=fits) against the uncapped one (the
+    old path, every chain to the answer's end): the same text, KLs and verdicts, every chain a prefix of
+    the uncapped chain, equal DraftStep for DraftStep (bit for bit: the capped extension runs the first
+    forwards of the uncapped one, same batches, same cache), and every policy asked about replays to the
+    same rounds. A prompt whose chains a policy outgrows is recorded again with twice the cap, or to the end."""
+    target, drafter, ids, recs = pair
+    texts = [list(r.tokens) for r in recs]
+
+    def check(policies, cap, want_caps):
+        asked = []
+        capped = record_many(target, drafter, ids, max_new_tokens=N_NEW, max_drafts=cap, texts=texts,
+                             enough=lambda ch: asked.append(ch.max_drafts) or fits(ch, policies))
+        assert {c.max_drafts for c in capped} == want_caps, [c.max_drafts for c in capped]
+        for i, (c, full) in enumerate(zip(capped, recs)):
+            assert (c.tokens, c.kl, c.disagreements, c.ended_by_eos) == (full.tokens, full.kl, full.disagreements,
+                                                                       full.ended_by_eos)
+            for s, (a, b) in enumerate(zip(c.chains, full.chains)):
+                assert a == b[:len(a)] and len(a) == min(len(b), c.max_drafts or len(b)), f"prompt {i}, position {s}"
+            for spec in policies:
+                assert not same_rounds(replay(full, spec), replay(c, spec)), f"prompt {i}, {spec}"
+        return asked
+
+    # chains of 3 are too short for 6 drafts: every prompt recorded again at 6, where both fit
+    asked = check(["constant:4", "confidence:0.4,6"], 3, {6})
+    assert asked.count(3) == len(ids) and asked.count(6) == len(ids), asked
+    # transformers' heuristic starts at 20 drafts: past half the budget of 24 the chains go to the end (the
+    # chat answer ends after a few tokens, where 6 drafts already reach its end)
+    check(["constant:2", "heuristic"], 3, {6, None})
+    # a cap that fits is kept, and nothing is recorded twice
+    asked = check(["constant:2", "confidence:0.5,3"], 3, {3})
+    assert asked == [3] * len(ids)
+    short = record_chains(target, drafter, ids[0], max_new_tokens=N_NEW, max_drafts=3)
+    assert fits(short, ["constant:3"]) and not fits(short, ["constant:3", "constant:4"])
+    with pytest.raises(ChainsTooShort, match="max_drafts = 3"):
         replay(short, "constant:4")
 
 

@@ -69,7 +69,7 @@ def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
     """Chapter 10 at its larger size; chapter 7's paper-sized run is committed data (companion full-profile),
     which no profile harvests."""
     cpu, full = load_profile(ROOT, "cpu"), load_profile(ROOT, "full")
-    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 32, "n_live_prompts": 2}
+    assert full.parameters == {**cpu.parameters, "n_eval_prompts": 32, "n_live_prompts": 2, "record_new_tokens": 128}
     assert full.notebooks == {}
     assert load_profile(ROOT, "gpu").parameters["n_eval_prompts"] == 96
     # the default build trims chapter 10 to 14 answers: the notebook's own default
@@ -77,6 +77,8 @@ def test_full_profile_is_the_cpu_profile_at_full_size() -> None:
 
     declared = notebook_parameters(ROOT / "notebooks" / "10_decode_time.ipynb")
     assert declared["n_eval_prompts"].value == 14
+    # and records the first 96 tokens of each answer (the full profile: whole answers of up to 128)
+    assert declared["record_new_tokens"].value == 96 < 128 == declared["max_new_tokens"].value
 
 
 def test_ci_profile_is_the_cpu_profile_at_smaller_sizes_with_one_shared_harvest() -> None:

@@ -564,3 +564,9 @@ def test_compare_policies_prices_and_bootstraps_consistently(pair):
         compare_policies(target, drafter, evals, builtins=["constant:2"], max_new_tokens=4)
     hf = hf_agreement(target, drafter, evals[:2], ["constant:2", "heuristic"], max_new_tokens=12)
     assert hf.total == 4 and hf.matched == 4, hf.mismatches
+    # transformers' runs are kept by (policy, prompt), so that a chapter can locate where one parts from ours
+    from companion.speculative.parting import parting
+    assert sorted(hf.runs) == [("constant:2", 0), ("constant:2", 1), ("heuristic", 0), ("heuristic", 1)]
+    for (spec, i), theirs in hf.runs.items():
+        ours = generate(target, drafter, evals[i], policy=spec, max_new_tokens=12)
+        assert parting(ours, theirs, fields=("submitted", "accepted")) is None, (spec, i)

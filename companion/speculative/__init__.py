@@ -41,6 +41,8 @@ from companion.speculative.decoder import (
 from companion.speculative.hf import hf_assisted_generate, hf_settings
 from companion.speculative.replay import (
     GRID_CONSTANTS,
+    ChainsTooShort,
+    fits,
     ORACLE,
     GridRow,
     RecordedChains,
@@ -100,6 +102,8 @@ __all__ = [
     "modelled_cost",
     "parse_policy",
     "GRID_CONSTANTS",
+    "ChainsTooShort",
+    "fits",
     "ORACLE",
     "GridRow",
     "RecordedChains",

@@ -238,6 +238,7 @@ class HFAgreement:
     tokens_per_s: float  # transformers' wall clock over all its runs
     mean_accepted: float  # its accepted drafts per round, over all runs
     mismatches: list[str] = field(default_factory=list)
+    runs: dict[tuple[str, int], SpeculativeResult] = field(default_factory=dict)  # transformers' run by (policy, prompt)
 
 
 def hf_agreement(target: Any, drafter: Any, prompts: Sequence[Tensor], policies: Sequence[str], *,
@@ -251,11 +252,13 @@ def hf_agreement(target: Any, drafter: Any, prompts: Sequence[Tensor], policies:
     wall = 0.0
     acc = rounds = 0
     mismatches: list[str] = []
+    runs: dict[tuple[str, int], SpeculativeResult] = {}
     for i, ids in enumerate(prompts):
         for spec in policies:
             ours = reference(spec, i) if reference is not None else generate(
                 target, drafter, ids, policy=spec, max_new_tokens=max_new_tokens)
             theirs = hf_assisted_generate(target, drafter, ids, policy=spec, max_new_tokens=max_new_tokens)
+            runs[(spec, i)] = theirs
             total += 1
             same = (ours.accepted == theirs.accepted and ours.submitted == theirs.submitted
                     and torch.equal(ours.tokens, theirs.tokens))
@@ -267,7 +270,7 @@ def hf_agreement(target: Any, drafter: Any, prompts: Sequence[Tensor], policies:
             acc += sum(theirs.accepted)
             rounds += len(theirs.accepted)
     return HFAgreement(matched, total, n_tok / wall if wall > 0 else float("nan"),
-                       acc / rounds if rounds else float("nan"), mismatches)
+                       acc / rounds if rounds else float("nan"), mismatches, runs)
 
 
 def greedy_step_logits(target: Any, drafter: Any, prompts: Sequence[Tensor], n_steps: int

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from companion.speculative.decoder import SpeculativeResult, Timings
 from companion.speculative.policies import Policy, RoundOutcome, parse_policy
 from companion.speculative.recording import _GREEDY, RecordedChains, _check_chains
-from companion.speculative.replay_fast import chain_arrays, is_builtin, replay_builtin
+from companion.speculative.replay_fast import ChainsTooShort, chain_arrays, is_builtin, replay_builtin
 
 
 def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -> SpeculativeResult:
@@ -52,7 +53,7 @@ def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -
         while len(drafts) < cap and pol.wants_draft(len(drafts)):
             j = len(drafts)
             if j >= len(chain):
-                raise ValueError(f"policy {pol} asks for draft {j + 1} at position {s}, but the chains were recorded "
+                raise ChainsTooShort(f"policy {pol} asks for draft {j + 1} at position {s}, but the chains were recorded "
                                  f"with max_drafts = {chains.max_drafts}; record with a larger max_drafts (or None)")
             step = chain[j]
             drafts.append(step.token)
@@ -90,3 +91,16 @@ def replay(chains: RecordedChains, policy: str | Policy, *, fast: bool = True) -
         ended_by_eos=ended_by_eos,
         extra={"replayed": True},
     )
+
+
+def fits(chains: RecordedChains, policies: Sequence[str | Policy]) -> bool:
+    """Whether every policy in ``policies`` replays on ``chains`` without asking for a draft past a recorded
+    chain (chains recorded with ``max_drafts``); a spec string is replayed from a fresh policy, a
+    :class:`Policy` from a copy of its state (``fresh()``), so the check changes nothing."""
+    _check_chains(chains)
+    for policy in policies:
+        try:
+            replay(chains, policy.fresh() if isinstance(policy, Policy) else policy)
+        except ChainsTooShort:
+            return False
+    return True

@@ -233,7 +233,12 @@ def record_chains(
     ``max_new_tokens`` and ``eos_token_id`` as in :func:`~companion.speculative.generate`
     (``None``: the target's ``generation_config.eos_token_id``). ``max_drafts``: the longest chain
     recorded from any position (``None``: as long as the length budget allows, so that every
-    policy replays exactly; a replay that needs more raises ``ValueError``).
+    policy replays exactly; a replay that needs more raises ``ChainsTooShort``, a ``ValueError``).
+    Capped chains are the uncapped ones cut to ``max_drafts``, bit for bit in any dtype: the
+    extension's steps before the cap are the same forwards over the same batches and cache (a chain
+    leaves the batch at its end-of-sequence draft or its length, and up to the cap both runs agree on
+    both), so the extension past a mismatch costs ``max_drafts - 1`` forwards instead of as many as
+    the text is long, and the drafts recorded grow with the text's length instead of its square.
 
     ``text``: the target's greedy text when it is already known (from a batched harvest, say),
     which spares the one-token-at-a-time decoding; it must be ``max_new_tokens`` long or end with
@@ -334,6 +339,7 @@ def record_many(
     inspect: Callable[[int, Tensor, Tensor], None] | None = None,
     threads: int = 1,
     progress: bool = False,
+    enough: Callable[[RecordedChains], bool] | None = None,
 ) -> list[RecordedChains]:
     """:func:`record_chains` for every prompt, in ``threads`` threads; the recordings in the prompts' order.
 
@@ -347,6 +353,15 @@ def record_many(
     every recording is bit for bit the one a single thread makes; ``threads`` then spreads the
     prompts over that many cores (the models' weights are shared, not copied). With a larger
     intra-op pool the threads share it, which gains little: one thread is then the sensible choice.
+
+    ``enough(recording)``: with ``max_drafts`` set, whether a prompt's chains are long enough for
+    what will be replayed on them (say :func:`~companion.speculative.policy_replay.fits`); a prompt
+    whose recording is not is recorded again with twice the ``max_drafts``, until it is, or with
+    ``None`` (chains to the answer's end) once twice would reach the length budget. Capped chains
+    are the uncapped ones cut short (the same forwards, fewer of them), so every replay that fits
+    them is the replay of the uncapped recording, while the drafter's extension past a mismatch
+    costs ``max_drafts`` forwards instead of as many as the answer is long. ``inspect`` sees a
+    re-recorded prompt's rows again.
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
@@ -356,8 +371,15 @@ def record_many(
 
     def one(i: int) -> RecordedChains:
         look = None if inspect is None else (lambda lp, lq: inspect(i, lp, lq))
-        return record_chains(target, drafter, prompts[i], max_new_tokens=max_new_tokens, max_drafts=max_drafts,
-                             eos_token_id=eos_token_id, text=None if texts is None else texts[i], inspect=look)
+        text = None if texts is None else texts[i]
+        cap = max_drafts
+        while True:
+            rec = record_chains(target, drafter, prompts[i], max_new_tokens=max_new_tokens, max_drafts=cap,
+                                eos_token_id=eos_token_id, text=text, inspect=look)
+            if cap is None or enough is None or enough(rec):
+                return rec
+            cap = None if 2 * cap >= max_new_tokens - 1 else 2 * cap
+            text = list(rec.tokens)   # decoded once
 
     from tqdm.auto import tqdm
 

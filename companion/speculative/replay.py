@@ -62,7 +62,8 @@ from companion.speculative.grid import (
     versus_sentence,
 )
 from companion.speculative.oracle import _advance, _check_costs, _dp, oracle_cost, oracle_plan, oracle_result
-from companion.speculative.policy_replay import replay
+from companion.speculative.policy_replay import fits, replay
+from companion.speculative.replay_fast import ChainsTooShort
 from companion.speculative.recording import (
     _GREEDY,
     _HEAD,
@@ -79,6 +80,6 @@ from companion.speculative.recording import (
 )
 
 
-__all__ = ["GRID_CONSTANTS", "ORACLE", "GridRow", "RecordedChains", "grid_builtins", "grid_row", "oracle_cost",
+__all__ = ["ChainsTooShort", "fits", "GRID_CONSTANTS", "ORACLE", "GridRow", "RecordedChains", "grid_builtins", "grid_row", "oracle_cost",
            "oracle_plan", "oracle_result", "ratio_outcome", "record_chains", "record_many", "replay",
            "replay_comparison", "replay_grid", "submit_replay_grid", "versus_sentence", "gap_sentence", "goal_sentence"]

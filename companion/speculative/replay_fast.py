@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from companion.speculative.costs import CostModel
     from companion.speculative.recording import RecordedChains
 
+class ChainsTooShort(ValueError):
+    """A replay asked for a draft past a chain recorded with ``max_drafts`` (record longer chains, or ``None``)."""
+
+
 _NEVER = 1 << 62
 """A stop index past any chain: the event does not happen in the recorded drafts."""
 
@@ -166,7 +170,7 @@ def replay_builtin(chains: RecordedChains, pol: Policy, criterion: str) -> Specu
                 pol._stop = False
             if heuristic:
                 pol.k = k_float
-            raise ValueError(f"policy {pol} asks for draft {fa.length[s] + 1} at position {s}, but the chains were "
+            raise ChainsTooShort(f"policy {pol} asks for draft {fa.length[s] + 1} at position {s}, but the chains were "
                              f"recorded with max_drafts = {chains.max_drafts}; record with a larger max_drafts (or None)")
         a = min(d, fa.matched[s])
         step = min(a + 1, n - s)
