@@ -355,7 +355,7 @@ def record_many(
     intra-op pool the threads share it, which gains little: one thread is then the sensible choice.
 
     ``enough(recording)``: with ``max_drafts`` set, whether a prompt's chains are long enough for
-    what will be replayed on them (say :func:`~companion.speculative.policy_replay.fits`); a prompt
+    what will be replayed on them (say ``companion.speculative.policy_replay.fits``); a prompt
     whose recording is not is recorded again with twice the ``max_drafts``, until it is, or with
     ``None`` (chains to the answer's end) once twice would reach the length budget. Capped chains
     are the uncapped ones cut short (the same forwards, fewer of them), so every replay that fits
