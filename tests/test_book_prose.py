@@ -86,24 +86,6 @@ def test_score_added_has_a_branch_per_outcome(top1: R, margin: R, expect: str) -
     assert text.count("cost the same on every prompt") <= 1, text
 
 
-def test_versus_best_summary_branches() -> None:
-    assert prose.versus_best_summary(CHEAP) == "cost less per token than the best built-in"
-    assert prose.versus_best_summary(DEAR) == "cost more per token than the best built-in"
-    assert "no resolved difference" in prose.versus_best_summary(OPEN)
-    assert "exactly what the best built-in cost" in prose.versus_best_summary(SAME)
-
-
-def test_within_oracle_summary_keeps_the_interval_caveat() -> None:
-    inside = prose.within_oracle_summary(R(1.05, 1.02, 1.08), OPEN)
-    assert "within 10% of the oracle, its whole 95 % interval included" in inside, inside
-    caveat = prose.within_oracle_summary(R(1.05, 1.02, 1.14), OPEN)
-    assert "by its point estimate" in caveat and "reaches above 1.10" in caveat and "1.140" in caveat, caveat
-    outside = prose.within_oracle_summary(R(1.2, 1.15, 1.3), CHEAP)
-    assert "none of the policies replayed is within 10%" in outside and "1.200" in outside, outside
-    assert "cheaper than the best constant schedule" in outside
-    assert "contains 1" in inside and "dearer" in prose.within_oracle_summary(R(1.0, 1.0, 1.0), DEAR)
-
-
 def test_at_ceiling_compares_at_the_printed_digits() -> None:
     assert prose.at_ceiling(4.4213, 4.4187)      # both print as 4.42
     assert not prose.at_ceiling(4.40, 4.42)

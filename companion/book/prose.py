@@ -133,42 +133,6 @@ def score_added(vs_top1: Ratio, vs_margin: Ratio) -> str:
     return "On the pair measured here the certificate's form, as a score, had mixed effects: the certificate-driven rule is " + detail + "."
 
 
-def versus_best_summary(vs_best: Ratio) -> str:
-    """The certificate policy against the best built-in, to follow "the certificate policy"."""
-    kind = outcome(vs_best)
-    if kind == SAME:
-        return "cost exactly what the best built-in cost on every prompt"
-    if kind == CHEAPER:
-        return "cost less per token than the best built-in"
-    if kind == DEARER:
-        return "cost more per token than the best built-in"
-    return "showed no resolved difference in cost per token from the best built-in"
-
-
-def within_oracle_summary(best_vs_oracle: Ratio, cert_vs_constant: Ratio, within: float = 0.10) -> str:
-    """At one replayed cost model: is the cheapest policy within ``within`` of the oracle (with the
-    caveat when only its point estimate is), and how the certificate rule compares with the best
-    constant schedule."""
-    limit = 1.0 + within
-    if best_vs_oracle.hi <= limit:
-        first = f"the cheapest policy replayed is within {within:.0%} of the oracle, its whole 95 % interval included"
-    elif best_vs_oracle.point <= limit:
-        first = (f"the cheapest policy replayed is within {within:.0%} of the oracle by its point estimate "
-                 f"({best_vs_oracle.point:.3f}), though its 95 % interval reaches above {limit:.2f} "
-                 f"(to {best_vs_oracle.hi:.3f})")
-    else:
-        first = (f"none of the policies replayed is within {within:.0%} of the oracle (the cheapest costs "
-                 f"{best_vs_oracle.point:.3f} times its cost)")
-    kind = outcome(cert_vs_constant)
-    second = {
-        SAME: "costs exactly what the best constant schedule costs",
-        CHEAPER: "is cheaper than the best constant schedule, its 95 % interval entirely below 1",
-        DEARER: "is dearer than the best constant schedule, its 95 % interval entirely above 1",
-        UNRESOLVED: "is not resolved from the best constant schedule (its 95 % interval contains 1)",
-    }[kind]
-    return f"{first}, and the certificate rule {second}"
-
-
 def at_ceiling(run: float, ceiling: float, digits: int = 2) -> bool:
     """Whether a mean certified run equals the every-step-certified ceiling to the ``digits``
     decimals the page prints (so that the page must say the run is the ceiling)."""
