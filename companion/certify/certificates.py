@@ -107,10 +107,11 @@ from torch import Tensor
 from companion.certify.criteria import Criterion, check_ties, parse_criteria, parse_criterion
 from companion.certify.costs import accepted_count, level_set_pool, tree_pool
 from companion.certify.pooling import cost_of_pool, reverse_tilt
+from companion.certify.precision import lower_log_normaliser, normalisation_mismatch, xlog_bound
 from companion.certify.summary import (
     DEFAULT_TOP,
     TopSummary,
-    entropy_of_rows,
+    entropy_with_error,
     map_rows,
     normalized_probabilities,
     row_tiles,
@@ -260,40 +261,62 @@ def _entropy_bounds(s: TopSummary, crits: list[Criterion], ties: str) -> tuple[T
     v = s.values
     h_top = -torch.xlogy(v, v).sum(1)
     tail = s.tail_mass()
-    upper, lower = h_top, h_top
+    # The computed values are within e^eta of the exact ones (d/dlambda of -lambda v log(lambda v) is
+    # -v log(lambda v) - v), the tail within its own bound; the float64 sums within 1e-9 relative.
+    eta = s.log_err if s.guarded() else torch.zeros_like(h_top)
+    spread = torch.expm1(eta) * (h_top + v.sum(1)) + 1e-9 * h_top + 1e-12
+    t_err = s.tail_err if (s.guarded() and s.tail_err is not None) else torch.zeros_like(tail)
+    upper, lower = h_top + spread, (h_top - spread).clamp(min=0)
     if s.k < s.vocab:
-        upper = h_top + torch.xlogy(tail, (s.vocab - s.k) / tail.clamp(min=1e-300))
-        lower = h_top - torch.xlogy(tail, v[:, -1])
+        upper = upper + xlog_bound(tail + t_err, s.vocab - s.k)
+        lower = lower + (tail - t_err).clamp(min=0) * (-torch.log(v[:, -1]) - eta).clamp(min=0)
     need = torch.zeros_like(upper, dtype=torch.bool)
     for c in crits:
         if c.needs_entropy:
-            # Guard the bounds by a relative 1e-9 against rounding in H_top.
-            tau_hi = c.threshold_from_summary(replace(s, entropy=lower * (1 - 1e-9)), ties)
-            tau_lo = c.threshold_from_summary(replace(s, entropy=upper * (1 + 1e-9) + 1e-12), ties)
+            # The certificate's threshold for this interval (guarded: the interval's midpoint with
+            # its half-width as the error) against the most favourable one (the top of the interval):
+            # where both accept the same top-K tokens, the exact entropy cannot change the certificate.
+            tau_hi = c.threshold_from_summary(_with_entropy_interval(s, lower, upper), ties)
+            tau_lo = c.threshold_from_summary(replace(s, entropy=upper, entropy_err=None, band=None), "level-set")
             r_hi = accepted_count(v, tau_hi, c, ties)
             r_lo = accepted_count(v, tau_lo, c, ties)
             need |= (r_hi != r_lo) | (r_lo >= s.k)
-    return upper, need
+    return upper, lower, need
+
+
+def _with_entropy_interval(s: TopSummary, lower: Tensor, upper: Tensor) -> TopSummary:
+    """``s`` with the entropy ``(lower + upper) / 2`` and its error half the interval: the guard of
+    :meth:`~companion.certify.criteria.Typical.guard` then holds for every entropy in it."""
+    return replace(s, entropy=(lower + upper) / 2, entropy_err=(upper - lower) / 2,
+                   log_err=s.log_err if s.log_err is not None else torch.zeros_like(lower),
+                   working_dtype=s.working_dtype if s.guarded() else torch.float32)
 
 
 def _entropy_where_needed(flat: Tensor, s: TopSummary, crits: list[Criterion], from_logits: bool,
-                          ties: str = "worst", known: Tensor | None = None) -> Tensor:
-    """Entropies for typical thresholds, computing the full ``-sum p log p`` only where it matters
-    (:func:`_entropy_bounds`); elsewhere the upper bound stands in for it. ``known``: exact
+                          ties: str = "worst", known: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Entropies for typical thresholds and their error bounds, computing the full ``-sum p log p``
+    only where it matters (:func:`_entropy_bounds`); elsewhere the interval's midpoint stands in for
+    it, with half the interval as its error. ``known``: exact
     entropies already computed for some rows (NaN elsewhere), used as they are. The returned
     values are therefore not general-purpose entropies: local to :func:`certificates`.
     """
-    upper, need = _entropy_bounds(s, crits, ties)
-    out = upper
+    upper, lower, need = _entropy_bounds(s, crits, ties)
+    out = (lower + upper) / 2
+    err = (upper - lower) / 2
     if known is not None:
         have = ~torch.isnan(known)
         out = torch.where(have, known, out)
+        if s.entropy_err is not None:
+            err = torch.where(have, s.entropy_err, err)
         need = need & ~have
-    if not bool(need.any()):
-        return out
-    idx = torch.nonzero(need).squeeze(1)
-    exact = map_rows(lambda x, norm: entropy_of_rows(x, norm, from_logits), flat, s.norm, idx=idx)
-    return out.index_copy(0, idx, exact)
+    if bool(need.any()):
+        idx = torch.nonzero(need).squeeze(1)
+        log_err = s.log_err if s.log_err is not None else torch.zeros_like(out)
+        both = map_rows(lambda x, norm, le: torch.stack(entropy_with_error(x, norm, from_logits, le), dim=1),
+                        flat, s.norm, log_err, idx=idx)
+        out = out.index_copy(0, idx, both[:, 0])
+        err = err.index_copy(0, idx, both[:, 1])
+    return out, err
 
 
 def _entropy_guess(vocab: int, k: int, crits: list[Criterion], ties: str) -> Callable[[Tensor], Tensor]:
@@ -308,9 +331,30 @@ def _entropy_guess(vocab: int, k: int, crits: list[Criterion], ties: str) -> Cal
         tail = (1 - vals.sum(1)).clamp(min=0)
         rough = TopSummary(values=vals, indices=torch.zeros_like(vals, dtype=torch.long), vocab=vocab,
                            lead_shape=torch.Size([vals.shape[0]]), norm=torch.ones_like(tail), tail=tail)
-        return _entropy_bounds(rough, crits, ties)[1]
+        return _entropy_bounds(rough, crits, ties)[2]
 
     return guess
+
+
+def round_down(cost: Tensor, s: TopSummary, divergence: str) -> Tensor:
+    """A pooled cost computed from the summary ``s``, lowered to at most the exact cost of its pool.
+
+    Every value of ``s`` is the exact probability times ``lambda`` with ``|log lambda| <= eta``
+    (:attr:`~companion.certify.summary.TopSummary.log_err`). Forward,
+    ``C = sum_A p log(p / mean_A p)`` is homogeneous of degree 1 in ``p``: ``C >= C_hat e^-eta``.
+    Reverse, ``C = -log X`` with ``X = T_A + |A| G_A``:
+    :func:`~companion.certify.precision.lower_log_normaliser`, with the tail's bound ``tail_err``
+    and the values' and tail's distance from summing to 1.
+    Unchanged for float64 rows (:meth:`~companion.certify.summary.TopSummary.guarded`) and ``+inf``.
+    """
+    if not s.guarded():
+        return cost
+    eta = s.log_err
+    if divergence == "forward":
+        return cost * torch.exp(-eta)
+    tail = s.tail_mass()
+    t_err = s.tail_err if s.tail_err is not None else torch.full_like(tail, torch.inf)
+    return lower_log_normaliser(cost, eta, t_err, normalisation_mismatch(s.values, tail))
 
 
 def _nothing_rejected(r: Tensor, vocab: int, tau: Tensor, strict: bool) -> Tensor:
@@ -372,7 +416,7 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
     out = {}
     for div in divs:
         pool_k, extra, _, incomplete = level_set_pool(values, logs, n_above, y_pos, y_val, y_log, div)
-        cost = cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div)
+        cost = round_down(cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div), s, div)
         if div == "reverse":
             # y* with p = 0 cannot carry the maximum of any q with KL(q || p) < inf: +inf is exact.
             cost = torch.where(torch.isneginf(y_log), torch.full_like(cost, torch.inf), cost)
@@ -380,7 +424,7 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
         if bool(incomplete.any()):
             idx = torch.nonzero(incomplete).squeeze(1)
             sub_rows = idx if rows is None else rows.index_select(0, idx)
-            wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits)
+            wider = _wider_summary(flat, sub_rows, s, idx, from_logits)
             redone = _level_set_costs(wider, flat, sub_rows, tau.index_select(0, idx), c, [div], from_logits,
                                       ties)[div]
             cost = cost.index_copy(0, idx, redone)
@@ -388,12 +432,14 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
     return out
 
 
-def _wider_summary(flat: Tensor, rows: Tensor, norm: Tensor, k: int, from_logits: bool, need: int = 0) -> TopSummary:
-    """A summary of ``flat[rows]`` with eight times ``k`` values (at least ``need``; at most ``V``),
-    normalised by the same ``norm`` as the summary it widens."""
+def _wider_summary(flat: Tensor, rows: Tensor, s: TopSummary, idx: Tensor, from_logits: bool, need: int = 0) -> TopSummary:
+    """A summary of ``flat[rows]`` (rows ``idx`` of the summary ``s``) with eight times ``s.k`` values
+    (at least ``need``; at most ``V``), normalised by the same normaliser, with its error bound."""
     vocab = flat.shape[1]
-    k_new = min(vocab, max(8 * k, need))
-    return summarize(flat.index_select(0, rows), from_logits=from_logits, k=k_new, norm=norm)
+    k_new = min(vocab, max(8 * s.k, need))
+    log_err = s.log_err.index_select(0, idx) if s.log_err is not None else None
+    return summarize(flat.index_select(0, rows), from_logits=from_logits, k=k_new, norm=s.norm.index_select(0, idx),
+                     log_err=log_err, logits_dtype="exact")
 
 
 def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: list[str],
@@ -405,14 +451,14 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     out = {}
     for div in divs:
         pool_k, _, t, known = tree_pool(values, logs, m, div, ties)
-        cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
+        cost = round_down(cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div), s, div)
         infeasible = t + m > s.vocab
         redo = ~known & ~infeasible
         if bool(redo.any()):
             idx = torch.nonzero(redo).squeeze(1)
             sub_rows = idx if rows is None else rows.index_select(0, idx)
             need = int((t.index_select(0, idx) + m).max())
-            wider = _wider_summary(flat, sub_rows, s.norm.index_select(0, idx), s.k, from_logits, need)
+            wider = _wider_summary(flat, sub_rows, s, idx, from_logits, need)
             cost = cost.index_copy(0, idx, _tree_costs(wider, flat, sub_rows, m, [div], from_logits, ties)[div])
         out[div] = torch.where(infeasible, torch.full_like(cost, torch.inf), cost)
     return out
@@ -448,6 +494,7 @@ def certificates(
     top: int = DEFAULT_TOP,
     summary: TopSummary | None = None,
     ties: str = "worst",
+    logits_dtype: str | None = None,
 ) -> dict[tuple[str, str], Tensor]:
     """Certificates of several criteria (and tree widths) from one pass over ``p``.
 
@@ -461,7 +508,12 @@ def certificates(
     ``from_logits``) that the caller already has, with at least ``top`` values; it saves the
     ``topk`` pass. ``ties``: ``"worst"`` (default; sound for every decoder that breaks exact ties
     in a fixed way, e.g. by token id) or ``"level-set"`` (every token tied at the threshold counts
-    as accepted; for analysis only): see the module docstring. With ``from_logits=True``, a ``p``
+    as accepted; for analysis only): see the module docstring. ``logits_dtype``: the dtype the
+    logits were computed in, whose kernel-path band counts as a tie under ``ties="worst"``
+    (:func:`~companion.certify.summary.summarize_partial`; default: bfloat16 and float16 tensors
+    their own, float32 and float64 none; ignored when ``summary`` is given, which carries its band).
+    Every value is at most the exact ``rho*`` of the input as given (module docstring, Precision).
+    With ``from_logits=True``, a ``p``
     whose every row lies in [0, 1] and sums to 1 (probabilities, most likely) draws one
     ``UserWarning`` per call, as in :func:`companion.certify.verdicts.certified`.
     """
@@ -486,7 +538,7 @@ def certificates(
         wants_entropy = any(c.needs_entropy for c in crits)
         if not from_logits and wants_entropy:
             guess = _entropy_guess(vocab, min(k, vocab), crits, ties)
-        s, known = summarize_partial(p, from_logits=from_logits, k=k, entropy_rows=guess,
+        s, known = summarize_partial(p, from_logits=from_logits, k=k, entropy_rows=guess, logits_dtype=logits_dtype,
                                      with_entropy=from_logits and wants_entropy)  # validates p
     else:
         if summary.k < min(k, vocab) or summary.vocab != vocab or summary.lead_shape != p.shape[:-1]:
@@ -497,7 +549,8 @@ def certificates(
         s = summary
     flat = p.reshape(-1, vocab)
     if any(c.needs_entropy for c in crits) and s.entropy is None:
-        s = replace(s, entropy=_entropy_where_needed(flat, s, crits, from_logits, ties, known))
+        entropy, entropy_err = _entropy_where_needed(flat, s, crits, from_logits, ties, known)
+        s = replace(s, entropy=entropy, entropy_err=entropy_err)
     out: dict[tuple[str, str], Tensor] = {}
     for c in crits:
         tau = c.threshold_from_summary(s, ties)

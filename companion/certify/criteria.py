@@ -117,6 +117,17 @@ def below(t: Tensor) -> Tensor:
     return torch.nextafter(t, torch.full_like(t, -torch.inf))
 
 
+def additive_guard(s: TopSummary, delta: float, tau: Tensor) -> Tensor:
+    """:meth:`AdditiveRelaxed.guard` for threshold ``p(1) - delta`` (``tau``: the unguarded ``tau_worst``)."""
+    # The kernel-path band is not applied to an absolute threshold: it bounds how far two logits'
+    # difference moves between paths (argmax flips), and as a factor on p(1) and p_y (2 ulps of the
+    # top logit, e^0.25 at z(1) = 25 in bfloat16) it would reject every token.
+    slack = Criterion._value_slack(s)
+    if not isinstance(slack, Tensor):
+        return tau
+    return below(s.values[:, 0] - delta * torch.exp(-slack))
+
+
 def order_statistic(s: TopSummary, i: int) -> Tensor:
     """``p(i)``, the ``i``-th largest probability (1-based, ties counted with multiplicity) of every
     row of ``s``; ``-inf`` when ``i > V`` (no such token: nothing lies at or below it)."""
@@ -164,8 +175,28 @@ class Criterion(ABC):
     def threshold_from_summary(self, s: TopSummary, ties: str = "level-set") -> Tensor:
         """``tau`` for every row of a summary, float64 ``[N]``: the rule's own (``"level-set"``,
         compared with ``>=``, or ``>`` when ``strict``) or ``tau_worst`` (``"worst"``, compared
-        with ``>``)."""
-        return self._worst_threshold(s) if check_ties(ties) == "worst" else self._threshold(s)
+        with ``>``), guarded by the summary's error bounds (:meth:`guard`)."""
+        if check_ties(ties) == "worst":
+            return self.guard(s, self._worst_threshold(s))
+        return self._threshold(s)
+
+    def guard(self, s: TopSummary, tau: Tensor) -> Tensor:
+        """``tau_worst`` raised so that a token above it is accepted by the exact rule, by the
+        library's own decoder and along every kernel path the summary's band allows.
+
+        A rank or ratio threshold (strict greedy ``p(2)``, top-m ``p(m+1)``, multiplicative
+        ``A p(1)``, MARS) compares two probabilities of one row, so the normaliser cancels; only the
+        kernel-path band ``b`` (logit units, :attr:`TopSummary.band`) moves their ratio, by at most
+        ``e^b``: ``tau e^b``. A near tie (top-2 logit gap within ``b``) thus counts as a tie.
+        Criteria with an absolute threshold (additive, top-k-delta, typical) override this.
+        """
+        return tau if s.band is None else tau * torch.exp(s.band)
+
+    @staticmethod
+    def _value_slack(s: TopSummary) -> Tensor | float:
+        """``2 eta``: a computed probability is within ``e^eta`` of the exact one, and the library's
+        decoder, which normalises the row again, within ``e^eta`` of it too (0 for float64 rows)."""
+        return 2 * s.log_err if s.guarded() else 0.0
 
     def is_strict(self, ties: str = "level-set") -> bool:
         """Whether acceptance is ``p_y > tau`` (else ``p_y >= tau``) under the convention ``ties``."""
@@ -296,6 +327,11 @@ class AdditiveRelaxed(Criterion):
     def _worst_threshold(self, s: TopSummary) -> Tensor:
         return below(s.values[:, 0] - self.delta)  # no rank condition: only the decoders' p_y >= tau
 
+    def guard(self, s: TopSummary, tau: Tensor) -> Tensor:
+        """``below(p(1) - D e^-2eta)``: accepted only if ``p_y >= p(1) - D`` holds for every
+        normaliser within ``e^eta`` (``D`` is absolute; the ratio ``p_y / p(1)`` is exact)."""
+        return additive_guard(s, self.delta, tau)
+
     def __str__(self) -> str:
         return f"additive:{_num(self.delta)}"
 
@@ -388,6 +424,13 @@ class TopKDelta(Criterion):
         # threshold part as the decoders compare it (p_y >= p(1) - delta, no tie-break involved).
         return torch.maximum(order_statistic(s, self.k + 1), below(s.values[:, 0] - self.delta))
 
+    def guard(self, s: TopSummary, tau: Tensor) -> Tensor:
+        """The rank part as :meth:`Criterion.guard`, the threshold part as :meth:`AdditiveRelaxed.guard`."""
+        rank = order_statistic(s, self.k + 1)
+        if s.band is not None:
+            rank = rank * torch.exp(s.band)
+        return torch.maximum(rank, additive_guard(s, self.delta, tau))
+
     def __str__(self) -> str:
         return f"topk-delta:{self.k},{_num(self.delta)}"
 
@@ -418,6 +461,23 @@ class Typical(Criterion):
 
     def _worst_threshold(self, s: TopSummary) -> Tensor:
         return self._threshold(s)  # already strict: a token at the threshold is rejected
+
+    def guard(self, s: TopSummary, tau: Tensor) -> Tensor:
+        """``min(E, D e^-H_lo) e^(2 eta)``, ``H_lo = H - 2 E_H``.
+
+        The computed entropy is within ``E_H`` (:attr:`TopSummary.entropy_err`) of the exact one,
+        and any other computation of it by the library within ``E_H`` of that, hence ``2 E_H``; a
+        change of every log-probability by at most ``b`` moves ``H`` by at most ``(e^b - 1) H + b e^b``
+        (``-sum p e^e (log p + e)`` with ``|e| <= b``). The threshold is absolute, so the
+        normaliser's ``e^eta`` counts twice (:meth:`Criterion._value_slack`) and the band once."""
+        slack = self._value_slack(s)
+        err = s.entropy_err if (s.guarded() and s.entropy_err is not None) else None
+        if err is None:
+            return tau  # (the kernel-path band is not applied to an absolute threshold: additive_guard)
+        h = s.entropy
+        h_lo = h - 2 * err
+        factor = torch.exp(torch.as_tensor(slack, dtype=torch.float64, device=h.device))
+        return torch.clamp(self.delta * torch.exp(-h_lo), max=self.eps) * factor
 
     def __str__(self) -> str:
         return f"typical:{_num(self.eps)},{_num(self.delta)}"

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from companion.certify.precision import (EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma, logits_dtype_name,
+                                        tie_band_tensor, unit_roundoff, xlog2_bound, xlog_bound)
 from companion.certify.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
 
 DEFAULT_TOP = 64
@@ -63,6 +65,11 @@ class TopSummary:
     tail: Tensor | None = None
     logs: Tensor | None = None
     top_logits: Tensor | None = None
+    log_err: Tensor | None = None
+    tail_err: Tensor | None = None
+    entropy_err: Tensor | None = None
+    band: Tensor | None = None
+    working_dtype: torch.dtype | None = None
 
     @property
     def k(self) -> int:
@@ -75,6 +82,10 @@ class TopSummary:
         if self.k >= self.vocab:
             return torch.zeros_like(self.values[:, 0])
         return (1 - self.values.sum(1)).clamp(min=0)
+
+    def guarded(self) -> bool:
+        """Whether certificates read from this summary apply its error bounds (rows worked in float32)."""
+        return self.log_err is not None and self.working_dtype not in (None, torch.float64)
 
     def log_values(self) -> Tensor:
         """``logs``, or ``log(values)`` for a summary built without them."""
@@ -115,12 +126,12 @@ def _tail_sum(x: Tensor, kth: Tensor, k: int, out: Tensor | None = None) -> Tens
     """``sum_i x_i`` over all but the ``k`` largest, as ``sum_i min(x_i, x(k)) - k x(k)`` (float64).
 
     Entries tied with ``x(k)`` beyond the top ``k`` contribute ``x(k)`` either way, so this is
-    exact in real arithmetic; in float32 the partial sums stay at the scale of the tail.
+    exact in real arithmetic; in float32 the partial sums stay at the scale of the tail, and
+    :func:`~companion.certify.precision.chunked_sum` bounds their error in any summation order.
     NaN entries propagate into the result. ``out``: a work buffer of ``x``'s shape and dtype.
     """
     clamped = torch.clamp(x, max=kth.unsqueeze(-1).to(x.dtype), out=out)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return clamped.sum(-1, dtype=acc).to(torch.float64) - k * kth.to(torch.float64)
+    return chunked_sum(clamped) - k * kth.to(torch.float64)
 
 
 def summarize(
@@ -130,10 +141,36 @@ def summarize(
     k: int = DEFAULT_TOP,
     with_entropy: bool = False,
     norm: Tensor | None = None,
+    log_err: Tensor | None = None,
     what: str = "p",
+    logits_dtype: str | None = None,
 ) -> TopSummary:
     """See :func:`summarize_partial`: the summary alone (the entropy of every row when ``with_entropy``)."""
-    return summarize_partial(p, from_logits=from_logits, k=k, with_entropy=with_entropy, norm=norm, what=what)[0]
+    return summarize_partial(p, from_logits=from_logits, k=k, with_entropy=with_entropy, norm=norm, log_err=log_err,
+                             what=what, logits_dtype=logits_dtype)[0]
+
+
+def _split_error(u: float, chunk: float, from_logits: bool, clamped: Tensor, tail: Tensor, kth: Tensor,
+                 log_kth: Tensor, split: int, vocab: int) -> Tensor:
+    """Bound on the error of one tail sum ``sum_i min(x_i, x(s)) - s x(s)`` as the pass computes it
+    (raw units: ``x = p``, or ``x = exp(l - l(1))``), :mod:`companion.certify.precision`:
+
+    * logits: each term within ``(2 EXP_ULPS + 1 + |d_i|) u x_i``; the ``s`` clamped top terms within
+      ``(2 EXP_ULPS + 1 + |d(s)|) u x(s)``, the tail's ``sum x_i |d_i|`` at most ``T log(n / T)``;
+    * probabilities: the clamp at ``x(s)`` rounded to the rows' precision, ``u`` of each clamped term;
+    * the chunked sum: ``chunk`` of ``sum |min(x_i, x(s))|``; the float64 subtraction ``2 U64 s x(s)``.
+
+    ``clamped``: the computed ``sum_i min(x_i, x(s))`` (>= 0), ``tail``: the computed tail.
+    """
+    mag = clamped.abs()
+    err = chunk * mag + 2 * U64 * split * kth.abs()
+    if from_logits:
+        slack = tail.clamp(min=0) * (1 + 1e-3) + 1e-300  # the bound's T, above the computed one
+        terms = (2 * EXP_ULPS + 1) * mag + split * kth * (-log_kth).clamp(min=0) + xlog_bound(slack, vocab - split)
+        err = err + u * terms
+    else:
+        err = err + u * mag
+    return err * (1 + 1e-6)
 
 
 def summarize_partial(
@@ -143,8 +180,10 @@ def summarize_partial(
     k: int = DEFAULT_TOP,
     with_entropy: bool = False,
     norm: Tensor | None = None,
+    log_err: Tensor | None = None,
     what: str = "p",
     entropy_rows: Callable[[Tensor], Tensor] | None = None,
+    logits_dtype: str | None = None,
 ) -> tuple[TopSummary, Tensor | None]:
     """Validate ``p`` (probabilities, or logits with ``from_logits=True``) and summarise it.
 
@@ -157,28 +196,35 @@ def summarize_partial(
     (``x = p``, or ``exp(l - l(1))``), divided by the normaliser; for ``k`` below the normaliser's
     split ``K_norm`` it is that split's tail plus the values in between (a sum of positive terms).
     Entropy (``with_entropy``): ``H = -sum_i p_i log p_i``, computed in the pass that sums the tail
-    (no pass of its own). From logits, with ``x_i = exp(l_i - l(1))`` (which that pass computes
-    anyway) and ``S = sum_i x_i = exp(lse - l(1))``: ``H = log S - (sum_i x_i (l_i - l(1))) / S``, one
-    product per token and no logarithm; both terms are >= 0, so nothing cancels. From
-    probabilities: ``H = (-sum_i x_i log x_i) / S + log S`` (``x = p``, ``S`` the row sum). The
-    per-token sums accumulate in the rows' precision (float32 for float32, bfloat16 and float16
-    rows: relative error ~1e-7), the rest is float64.
+    (no pass of its own). From logits, with ``x_i = exp(l_i - l(1))``, ``d_i = l_i - l(1)`` and
+    ``S = sum_i x_i = exp(lse - l(1))``: ``H = log S - (sum_i x_i d_i) / S``, both terms >= 0; the
+    top ``K_norm`` terms of ``sum x d`` in float64, the rest as ``sum_i min(x_i, x(K)) d_i -
+    x(K) sum_{top K} d_i`` (the clamp the tail sum makes anyway, so the float32 part stays at the
+    scale of the tail). From probabilities: ``H = (-sum_i x_i log x_i) / S + log S`` (``x = p``).
+    Every row gets the error bounds of :class:`TopSummary` (``log_err``, ``tail_err``,
+    ``entropy_err``), from :mod:`companion.certify.precision`.
     ``norm`` reuses a normaliser computed earlier for the same rows (so that summaries of
-    different ``K`` agree bit for bit); the tail is then summed in a pass of its own.
+    different ``K`` agree bit for bit), with its bound ``log_err``; the tail is then summed in a
+    pass of its own.
+    ``logits_dtype`` (logits only): the dtype the logits were computed in, for the kernel-path
+    band (:func:`~companion.certify.precision.logits_dtype_name`: by default bfloat16 and float16
+    tensors get their dtype's band, float32 and float64 tensors none; ``"bfloat16"`` declares a
+    float32 copy of bfloat16 logits, ``"exact"`` asks for none).
 
     ``entropy_rows`` (probabilities only; ignored with ``with_entropy`` or logits, where every row
     gets its entropy in the summary at the cost of one product per token): called with the raw top
     values (float64 ``[N, K']``, before normalisation) once ``topk`` has run, it returns the rows
     (bool ``[N]``) whose entropy to compute *in the same pass* as the tail sums, while each tile of
     rows is in cache; those entropies come back as the second element (NaN on the other rows),
-    equal to what ``with_entropy`` gives. For callers that need the entropy only on some rows
-    (typical acceptance where the top ``K`` do not settle the threshold): on probabilities the
-    entropy costs a logarithm per token, so it is taken only on those rows.
+    equal to what ``with_entropy`` gives, with their bounds in the summary's ``entropy_err``.
     """
     check_distribution_tensor(p, "logits" if from_logits and what == "p" else what)
+    band_dtype = logits_dtype_name(p.dtype, logits_dtype) if from_logits else None
     vocab = p.shape[-1]
     k = max(1, min(int(k), vocab))
     flat = p.reshape(-1, vocab)
+    u = unit_roundoff(flat.dtype)
+    chunk = chunked_sum_error(vocab, flat.dtype)
     # The normaliser always splits at the same K_norm, whatever k is asked for, so every
     # function of the library normalises a row to the same float64 numbers.
     k_norm = min(DEFAULT_TOP, vocab)
@@ -191,53 +237,95 @@ def summarize_partial(
         splits.append(k_norm)
     if max(k, k_norm) < vocab and max(k, k_norm) not in splits:
         splits.append(max(k, k_norm))
+    top64 = top.to(torch.float64)
+    errs: dict[int, Tensor] = {}
+    entropy_err = None
     if from_logits:
         name = "logits" if what == "p" else what
-        m = top[:, 0].to(torch.float64)
+        m = top64[:, 0]
         # NaN sorts first in topk; keep it so the check reports it, and avoid inf - inf.
         safe_m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        scaled = torch.exp(top.to(torch.float64) - safe_m.unsqueeze(1))  # exp(l - l(1)), top max(k, K_norm)
+        # -inf logits: x = 0 and a finite d (as in the pass), so that x d = 0, not 0 * -inf
+        d64 = (top64 - safe_m.unsqueeze(1)).clamp(min=-torch.finfo(torch.float32).max)
+        scaled = torch.exp(d64)  # exp(l - l(1)), top max(k, K_norm)
         kths = [scaled[:, s - 1] for s in splits]
         wanted = torch.ones_like(m, dtype=torch.bool) if with_entropy else None
         sums = _row_tail_sums(flat, splits, kths, safe_m, wanted)
+        for s_, kth in zip(splits, kths):
+            errs[s_] = _split_error(u, chunk, True, sums[s_] + s_ * kth, sums[s_], kth, d64[:, s_ - 1], s_, vocab)
+        head = scaled[:, :k_norm].contiguous().sum(1)
+        # float64 head: each exp within (2 + |d|) U64, the sum gamma_K
+        head_err = (gamma(k_norm, U64) + 4 * U64) * head - U64 * (scaled[:, :k_norm] * d64[:, :k_norm]).sum(1)
+        # the normaliser's sum and bound exist only where this pass summed the K_norm split
+        split_known = k_norm in sums or k_norm >= vocab
+        norm_sum = (head + sums[k_norm] if k_norm < vocab else head) if split_known else None
+        norm_err = (head_err + errs[k_norm] if k_norm < vocab else head_err) if split_known else None
         if norm is None:
-            head = scaled[:, :k_norm].contiguous().sum(1)
-            if k_norm < vocab:
-                head = head + sums[k_norm]
-            norm = torch.where(torch.isfinite(m), safe_m + torch.log(head), m)
+            norm = torch.where(torch.isfinite(m), safe_m + torch.log(head + (sums[k_norm] if k_norm < vocab else 0)), m)
             check_logit_rows(p, norm, what=name)
+            log_err = (norm_err / (norm_sum - norm_err).clamp(min=1e-300) + 4 * U64 * norm.abs()).nan_to_num(0.0)
         scale = torch.exp(safe_m - norm)  # exp(l(1) - lse): turns exp(l - l(1)) into probabilities
+        if with_entropy and norm_err is None:
+            norm_err = torch.full_like(m, torch.nan)  # unreachable: entropy from logits sums the K_norm split
         if with_entropy:
-            # H = log S - sum x (l - l(1)) / S, S = sum x = exp(lse - l(1)): both terms >= 0. x(1) = 1,
-            # so log S = log1p(the rest), which keeps its digits on peaked rows (S - 1 ~ 1e-13).
+            # H = log S - sum x d / S, S = 1 + rest: log S = log1p(rest) keeps its digits on peaked
+            # rows (S - 1 ~ 1e-13). sum x d: the top K_norm in float64, the tail from the clamp.
             rest = scaled[:, 1:k_norm].contiguous().sum(1)
+            xd_head = (scaled[:, :k_norm] * d64[:, :k_norm]).sum(1)
+            xd = xd_head
+            xd_err = gamma(k_norm + 2, U64) * xd_head.abs()
             if k_norm < vocab:
                 rest = rest + sums[k_norm]
-            sums["entropy"] = torch.log1p(rest) - sums.pop("xd", torch.zeros_like(rest)) / (1 + rest)
+                kth = kths[0]
+                kth32 = kth.to(flat.dtype if flat.dtype == torch.float64 else torch.float32).to(torch.float64)
+                d_top = d64[:, :k_norm].sum(1)
+                xd_clamped = sums.pop("xd")
+                xd = xd_head + (xd_clamped - kth32 * d_top)
+                tail = sums[k_norm].clamp(min=0) * (1 + 1e-3) + 1e-300
+                dk = (-d64[:, k_norm - 1]).clamp(min=0)
+                n_t = vocab - k_norm
+                xd_err = xd_err + (u * ((2 * EXP_ULPS + 3) * xlog_bound(tail, n_t) + xlog2_bound(tail, n_t)
+                                        + torch.where(kth > 0, k_norm * kth * dk * (2 * EXP_ULPS + 4 + dk), 0.0))
+                                   + chunk * xd_clamped.abs() + gamma(k_norm + 2, U64) * (kth32 * d_top).abs())
+            one = 1 + rest
+            sums["entropy"] = torch.log1p(rest) - xd / one
+            entropy_err = ((norm_err + xd_err) / one + xd.abs() * norm_err / one**2
+                           + 8 * U64 * (sums["entropy"].abs() + 1)) * (1 + 1e-6)
     else:
-        top64 = top.to(torch.float64)
         kths = [top64[:, s - 1] for s in splits]
         if with_entropy:
             wanted = torch.ones_like(top64[:, 0], dtype=torch.bool)
         else:
             wanted = entropy_rows(top64) if entropy_rows is not None else None
         sums = _row_tail_sums(flat, splits, kths, None, wanted)
+        zeros = torch.zeros_like(top64[:, 0])
+        for s_, kth in zip(splits, kths):
+            errs[s_] = _split_error(u, chunk, False, sums[s_] + s_ * kth, sums[s_], kth, zeros, s_, vocab)
+        head = top64[:, :k_norm].contiguous().sum(1)
         if norm is None:
-            norm = top64[:, :k_norm].contiguous().sum(1)
-            if k_norm < vocab:
-                norm = norm + sums[k_norm]
+            norm_sum = head + sums[k_norm] if k_norm < vocab else head
+            norm_err = gamma(k_norm, U64) * head + (errs[k_norm] if k_norm < vocab else 0)
+            norm = norm_sum
             check_probability_rows(p, norm, what=what)
+            log_err = norm_err / (norm_sum - norm_err).clamp(min=1e-300) + 2 * U64
         scaled = top64
         scale = 1.0 / norm
     if k >= vocab:
         tail_raw = torch.zeros_like(norm)
+        tail_raw_err = torch.zeros_like(norm)
     elif k in sums:
         tail_raw = sums[k]
+        tail_raw_err = errs[k]
     else:  # k < K_norm, the K_norm tail at hand (0 when K_norm = V): add the values in between
         tail_raw = scaled[:, k:k_norm].sum(1)
+        tail_raw_err = gamma(k_norm, U64) * 4 * tail_raw
         if k_norm < vocab:
             tail_raw = sums[k_norm] + tail_raw
+            tail_raw_err = tail_raw_err + errs[k_norm]
     tail = (tail_raw * scale).clamp(min=0)
+    tail_err = None
+    if log_err is not None:
+        tail_err = tail_raw_err * scale + tail * (torch.expm1(log_err) + 2 * U64)
     top, idx = top[:, :k], idx[:, :k]
     if from_logits:
         logs = top.to(torch.float64) - norm.unsqueeze(1)
@@ -249,10 +337,22 @@ def summarize_partial(
     if "entropy" in sums:
         partial = sums["entropy"]
         if not from_logits:  # -sum x log x of the raw rows, as entropy_of_rows normalises it
-            partial = partial / norm + torch.log(norm)
+            j = partial
+            partial = j / norm + torch.log(norm)
+            # each x log x within (2 EXP_ULPS + 1) u, the chunked sum; the normaliser's error twice
+            j_err = ((2 * EXP_ULPS + 1) * u + chunk) * j.abs() * (1 + 1e-6) + vocab * 1e-36
+            s_err = norm.abs() * torch.expm1(log_err) if log_err is not None else torch.zeros_like(norm)
+            entropy_err = (j_err / norm + j.abs() * s_err / norm**2 + s_err / norm
+                           + 8 * U64 * (partial.abs() + 1)) * (1 + 1e-6)
     entropy = partial if with_entropy else None
+    band = None
+    if band_dtype is not None:
+        band = tie_band_tensor(top64[:, 0], band_dtype)
     summary = TopSummary(values=values, indices=idx, vocab=vocab, lead_shape=p.shape[:-1], norm=norm, entropy=entropy,
-                         tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None)
+                         tail=tail, logs=logs, top_logits=top.to(torch.float64) if from_logits else None,
+                         log_err=log_err, tail_err=tail_err,
+                         entropy_err=entropy_err if (entropy is not None or partial is not None) else None, band=band,
+                         working_dtype=flat.dtype)
     return summary, partial
 
 
@@ -263,8 +363,9 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
     ``x = flat`` (probabilities, ``shift`` None) or ``x = exp(flat - shift)`` (logits);
     ``kths[i]`` is ``x(s_i)`` in float64. See :func:`_tail_sum`. With ``entropy_rows`` (bool
     ``[N]``), also, on each tile while it is in cache: probabilities, ``"entropy"``: ``-sum x log x``
-    of those rows (NaN elsewhere); logits, ``"xd"``: ``sum x d`` with ``d = flat - shift <= 0`` of
-    every row (a product per token of the ``x`` this pass computes anyway; ``-inf`` logits give 0).
+    of those rows (NaN elsewhere); logits, ``"xd"``: ``sum min(x, x(s_0)) d`` with
+    ``d = flat - shift <= 0`` of every row, ``s_0`` the first split (a product per token of the
+    clamp the tail sum makes anyway; ``-inf`` logits give 0).
     """
     with_ent = entropy_rows is not None and bool(entropy_rows.any())
     if not splits and not with_ent:
@@ -294,9 +395,14 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
                 d.clamp_(min=-torch.finfo(d.dtype).max)
             x = torch.exp(d, out=scratch(1, work))
             ks = args[1:]
-            cols = [_tail_sum(x, kth.to(x.dtype), s, out=scratch(2, work)) for s, kth in zip(splits, ks)]
+            cols = []
+            for i, (s, kth) in enumerate(zip(splits, ks)):
+                clamped = scratch(2, work)
+                cols.append(_tail_sum(x, kth.to(x.dtype), s, out=clamped))
+                if with_ent and i == 0:  # the clamp at the first split, times d: the tail's sum x d
+                    xd_col = chunked_sum(torch.mul(clamped, d, out=clamped))
             if with_ent:
-                cols.append(torch.mul(x, d, out=d).sum(-1).to(torch.float64))
+                cols.append(xd_col if splits else chunked_sum(torch.mul(x, d, out=d)))
             return torch.stack(cols, dim=1) if cols else torch.empty(rows.shape[0], 0, dtype=torch.float64)
         if with_ent:
             ent = torch.full_like(want, torch.nan, dtype=torch.float64)
@@ -325,35 +431,60 @@ def _neg_xlogx_sum(rows: Tensor, out: Tensor | None = None) -> Tensor:
     ``out``: a work buffer of the rows' shape and dtype (float32/float64 rows) to compute in."""
     work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
     # sum x log x as log(max(x, tiny)) * x: x = 0 gives 0 * finite = 0 exactly, a subnormal x an
-    # error below 1e-36; half the cost of special.entr. float32 accumulation: relative error
-    # ~1e-7, a float64 sum costs a softmax more.
+    # error below 1e-36; half the cost of special.entr. Each term within (2 EXP_ULPS + 1) u of its
+    # value, the chunked sum within chunked_sum_error (summarize_partial's entropy_err).
     tiny = torch.finfo(work.dtype).tiny
     clamped = work.clamp(min=tiny) if out is None else torch.clamp(work, min=tiny, out=out)
-    return -clamped.log_().mul_(work).sum(-1).to(torch.float64)
+    return -chunked_sum(clamped.log_().mul_(work))
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
     """``H = -sum p log p`` (nats, float64) of rows ``[N, V]``, in one pass over them.
 
-    Probabilities (row sums ``S = norm``): ``H = (-sum_i x_i log x_i) / S + log S``.
+    See :func:`entropy_with_error`, which also returns a bound on its error."""
+    return entropy_with_error(flat, norm, from_logits)[0]
+
+
+def entropy_with_error(flat: Tensor, norm: Tensor, from_logits: bool,
+                       log_err: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(H, bound on |H - exact H|)`` (nats, float64) of rows ``[N, V]``, in one pass over them.
+
+    Probabilities (row sums ``S = norm``, within a factor ``exp(log_err)`` of the exact sums):
+    ``H = (-sum_i x_i log x_i) / S + log S``.
     Logits (``norm``, the log-sum-exp, is not needed): with ``d_i = l_i - l(1) <= 0``,
     ``x_i = exp(d_i)`` and ``S = 1 + r``, ``r`` the sum of ``x`` over every token but the first
-    maximiser, ``H = log1p(r) - (sum_i x_i d_i) / S``: the formula of the fused pass in
-    :func:`summarize` (masked ``-inf`` logits contribute 0). ``r`` is summed on its own (the
-    maximiser's ``x = 1`` set to 0), so that ``log S`` keeps its digits on peaked rows
-    (``S - 1 ~ 1e-13``), which ``lse - l(1)`` from a rounded ``lse`` would not.
+    maximiser, ``H = log1p(r) - (sum_i x_i d_i) / S`` (masked ``-inf`` logits contribute 0).
+    ``r`` is summed on its own (the maximiser's ``x = 1`` set to 0), so that ``log S`` keeps its
+    digits on peaked rows (``S - 1 ~ 1e-13``). The bound is that of
+    :mod:`companion.certify.precision` over all ``V - 1`` terms (looser than the fused pass of
+    :func:`summarize_partial`, which splits off the top ``K``).
     """
     work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    vocab = flat.shape[-1]
+    u = unit_roundoff(flat.dtype)
+    chunk = chunked_sum_error(vocab, flat.dtype)
     if from_logits:
         top, where = work.max(-1, keepdim=True)
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
         d = (work - top).clamp_(min=-torch.finfo(work.dtype).max)
         x = torch.exp(d)
-        xd = (x * d).sum(-1).to(torch.float64)
-        rest = x.scatter_(-1, where, 0.0).sum(-1).to(torch.float64)
-        return torch.log1p(rest) - xd / (1 + rest)
+        xd = chunked_sum(x * d)
+        rest = chunked_sum(x.scatter_(-1, where, 0.0))
+        one = 1 + rest
+        h = torch.log1p(rest) - xd / one
+        slack = rest.clamp(min=0) * (1 + 1e-3) + 1e-300
+        rest_err = ((2 * EXP_ULPS + 1) * u * rest + u * xlog_bound(slack, vocab - 1) + chunk * rest) * (1 + 1e-6)
+        xd_err = (u * ((2 * EXP_ULPS + 3) * xlog_bound(slack, vocab - 1) + xlog2_bound(slack, vocab - 1))
+                  + chunk * xd.abs()) * (1 + 1e-6)
+        err = (rest_err + xd_err) / one + xd.abs() * rest_err / one**2 + 8 * U64 * (h.abs() + 1)
+        return h, err * (1 + 1e-6)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
-    return _neg_xlogx_sum(work) / norm + torch.log(norm)
+    j = _neg_xlogx_sum(work)
+    h = j / norm + torch.log(norm)
+    j_err = ((2 * EXP_ULPS + 1) * u + chunk) * j.abs() * (1 + 1e-6) + vocab * 1e-36
+    s_err = norm.abs() * torch.expm1(log_err) if log_err is not None else torch.zeros_like(norm)
+    err = j_err / norm + j.abs() * s_err / norm**2 + s_err / norm + 8 * U64 * (h.abs() + 1)
+    return h, err * (1 + 1e-6)
 
 
 def sorted_rows(p: Tensor, *, from_logits: bool = False, with_entropy: bool = False, what: str = "p") -> TopSummary:
@@ -368,8 +499,14 @@ def normalized_probabilities(p: Tensor, *, from_logits: bool = False, what: str 
     rejection mask, its ties at the threshold) and for references in tests; the certificates'
     path reads only a summary's top values in float64 (a caller wanting a few tokens gathers
     them first and normalises them by ``summarize(p).norm``, as :meth:`Criterion.accepts` does)."""
+    return normalized_with_error(p, from_logits=from_logits, what=what)[0]
+
+
+def normalized_with_error(p: Tensor, *, from_logits: bool = False, what: str = "p") -> tuple[Tensor, Tensor]:
+    """:func:`normalized_probabilities` and, per row (shape ``p.shape[:-1]``), the bound ``eta`` of
+    :attr:`TopSummary.log_err`: every value is within a factor ``exp(eta)`` of the exact
+    probability (plus its own float64 rounding), whatever the dtype."""
     s = summarize(p, from_logits=from_logits, k=1, what=what)
     norm = s.norm.reshape(p.shape[:-1] + (1,))
-    if from_logits:
-        return torch.exp(p.to(torch.float64) - norm)
-    return p.to(torch.float64) / norm
+    probs = torch.exp(p.to(torch.float64) - norm) if from_logits else p.to(torch.float64) / norm
+    return probs, s.log_err.reshape(p.shape[:-1])

@@ -13,8 +13,8 @@ greedy token and ``D`` the chosen divergence (``"forward"``: ``KL(p || q)``, ``"
   :func:`companion.certify.certificates.certificates`, under the worst case over tie-breaks
   (``ties="worst"``, the default; ``"level-set"`` for analysis);
 * ``kl``: ``D(p, q)``, from :func:`companion.certify.certificates.kl_divergence`;
-* ``certified``: ``kl < certificate - band``, or ``c`` rejects no token of ``p`` at all; ``band`` is
-  :data:`ROUNDING_BAND` times the magnitudes of the divergence's terms (below).
+* ``certified``: ``kl + band < certificate``, or ``c`` rejects no token of ``p`` at all; ``band``
+  bounds how far the exact divergence may lie above the computed one (:func:`kl_band`, below).
 
 The rule: ``KL < rho*  =>  accepted``. It holds for every maximiser of ``q`` and, with
 ``ties="worst"``, for every fixed tie-break of ``p``, so a certified step is accepted by every
@@ -35,11 +35,15 @@ every row under ``ties="worst"``, zeros and ``-inf`` logits included.
 Rounding. A drafter can sit exactly on the boundary, ``KL = rho*``, and be rejected there: ``p =
 [5/11, 0, 6/11]``, ``q = [1/2, 0, 1/2]`` under strict greedy is the witness itself (``argmax q = 0``
 by the first-index rule, rejected), and float64 put the computed KL 6e-17 *below* the computed
-``rho*`` with torch's plain (non-SIMD) kernels. So ``certified`` asks for a margin: ``KL + band <
-rho*`` with ``band = ROUNDING_BAND * (sum |a log a| + sum |a log b|)`` (``a``, ``b`` the divergence's
-two distributions, as summed). Each side is a float64 sum of such terms, rounded to a few ulps of
-each term plus the summation's error, about ``1e-15`` of that magnitude; ``1e-12`` of it is
-far above that and far below any gap a decision turns on. A KL inside the band is not certified.
+``rho*`` with torch's plain (non-SIMD) kernels. So ``certified`` compares an upper bound of the
+divergence with the certificate, which is itself never above the exact ``rho*`` of the input as
+given (:mod:`companion.certify.certificates`, Precision): ``KL + band < rho*``. The band
+(:func:`kl_band`) follows from :mod:`companion.certify.precision`: the divergence is
+``D = sum a (log a - log b)`` over the normalised rows ``a = lambda_a a*``, ``b = lambda_b b*``
+(``*`` exact; ``|log lambda| <= eta``, the normalisers' bounds, about 1e-7 for float32, bfloat16
+and float16 rows and 1e-15 for float64 ones), so ``D = lambda_a (D* + log lambda_a - log
+lambda_b)`` and ``D* <= D e^eta_a + eta_a + eta_b``; the float64 sum of ``V`` terms adds at most
+``gamma_{V+2}`` of ``sum |a log a| + sum |a log b|``. A KL inside the band is not certified.
 """
 from __future__ import annotations
 
@@ -49,22 +53,31 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certify.certificates import certificates, kl_terms
+from companion.certify.certificates import certificates
+from companion.certify.precision import U64, gamma
+from companion.certify.summary import normalized_with_error
 from companion.certify.criteria import Criterion, check_ties, parse_criteria, parse_criterion
 from companion.certify.validation import check_distribution_tensor, check_divergence, warn_if_probabilities
 
 
-ROUNDING_BAND = 1e-12
-"""Relative width of the band below ``rho*`` in which a KL is not certified (module docstring, Rounding)."""
+def kl_band(kl: Tensor, magnitude: Tensor, eta_a: Tensor, eta_b: Tensor, vocab: int) -> Tensor:
+    """How far the exact divergence may lie above the computed ``kl`` (module docstring, Rounding):
+    ``kl (e^eta_a - 1) + eta_a + eta_b + gamma_{V+2} magnitude``, ``magnitude = sum |a log a| +
+    sum |a log b|`` (``a``, ``b`` the divergence's two normalised rows, as summed)."""
+    return kl * torch.expm1(eta_a) + eta_a + eta_b + gamma(vocab + 2, U64) * magnitude
 
 
 def _kl_and_band(p: Tensor, q: Tensor, direction: str, from_logits: bool) -> tuple[Tensor, Tensor]:
     """``D(p, q)`` as :func:`~companion.certify.certificates.kl_divergence` computes it (from the same terms, so
-    the same bits) and ``ROUNDING_BAND * (sum |a log a| + sum |a log b|)``."""
-    own, cross = kl_terms(p, q, direction, from_logits=from_logits)
+    the same bits) and :func:`kl_band`."""
+    a, eta_p = normalized_with_error(p, from_logits=from_logits, what="p")
+    b, eta_q = normalized_with_error(q, from_logits=from_logits, what="q")
+    if direction == "reverse":
+        a, b, eta_p, eta_q = b, a, eta_q, eta_p
+    own, cross = torch.xlogy(a, a), torch.xlogy(a, b)
     kl = (own - cross).sum(-1).clamp(min=0.0)
     # +inf where KL is: a > 0 where b == 0 makes cross -inf
-    band = ROUNDING_BAND * (own.abs().sum(-1) + cross.abs().sum(-1))
+    band = kl_band(kl, own.abs().sum(-1) + cross.abs().sum(-1), eta_p, eta_q, p.shape[-1])
     return kl, band
 
 
@@ -130,6 +143,7 @@ def certified(
     from_logits: bool = False,
     divergence: str = "forward",
     ties: str = "worst",
+    logits_dtype: str | None = None,
 ) -> Certifications:
     """Whether the drafter ``q``'s greedy token is certified, and accepted, under each criterion.
 
@@ -139,7 +153,8 @@ def certified(
     string). ``divergence``: ``"forward"`` (``KL(p || q)``) or ``"reverse"`` (``KL(q || p)``).
     ``ties``: the certificates' tie convention, ``"worst"`` (default) or ``"level-set"``
     (analysis only: then certified steps at exact ties may be rejected); ``accepted`` is the
-    decoders' first-index verdict either way.
+    decoders' first-index verdict either way. ``logits_dtype``: the dtype the logits were computed
+    in (:func:`~companion.certify.certificates.certificates`): its kernel-path band counts as a tie.
 
     With ``from_logits=True``, a ``p`` whose every row lies in [0, 1] and sums to 1 (probabilities,
     most likely) draws one ``UserWarning`` per call
@@ -165,7 +180,7 @@ def certified(
     crits = parse_criteria(criteria)
     if not crits:
         raise ValueError("criteria is empty: give at least one criterion spec, e.g. 'greedy'")
-    certs = certificates(p, crits, [divergence], from_logits=from_logits, ties=ties)
+    certs = certificates(p, crits, [divergence], from_logits=from_logits, ties=ties, logits_dtype=logits_dtype)
     kl, band = _kl_and_band(p, q, divergence, from_logits)
     token = q.argmax(-1)
     out = []
