@@ -8,6 +8,7 @@ every token outside the drafter's top ``m`` (trees), and typical acceptance's tw
 together. It knows nothing of tilts, pools or runners-up.
 """
 from __future__ import annotations
+from companion.drafter.rows import rows as drafter_rows
 
 import math
 import time
@@ -583,9 +584,17 @@ def test_soundness_on_the_embedded_pair() -> None:
     q = torch.softmax(logits_q.double(), -1)
     counts = _soundness(q, p, widths=(2, 4))
     assert counts["greedy"] > 0, counts
-    # the logits path gives the same certificates as the probabilities
-    torch.testing.assert_close(drafter_certificate(logits_q, "greedy", from_logits=True),
-                               drafter_certificate(q, "greedy"), rtol=1e-5, atol=1e-7)
+    # the logits path (float32, worked with a stated rounding bound b) gives the float64
+    # probabilities' certificates, never above them: computed within b, then lowered by b
+
+    from_logits = drafter_certificate(logits_q, "greedy", from_logits=True)
+    exact = drafter_certificate(q, "greedy")
+    r = drafter_rows(logits_q, True, 64)
+    # the lowering's own loss (the smaller of its two bounds, at C = exact), twice, for the error itself
+    allowed = 2 * _lowering_loss(r, exact) + 1e-12 * (1 + exact)
+    assert bool((from_logits <= exact + 1e-12 * (1 + exact)).all()), (from_logits - exact).max().item()
+    assert bool((exact - from_logits <= allowed).all()), ((exact - from_logits) / allowed).max().item()
+    assert float((exact - from_logits).max()) < 1e-5, float((exact - from_logits).max())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,6 +607,15 @@ def _lm_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
     boost = torch.linspace(2.0, 16.0, rows).unsqueeze(1)
     logits[:, :3] += boost * torch.tensor([1.0, 0.8, 0.7])
     return logits
+
+
+def _lowering_loss(r, c: torch.Tensor) -> torch.Tensor:
+    """How far the drafter side may lower a certificate ``c`` of rows ``r`` (the smaller of the two
+    bounds of ``lower_log_normaliser``), restated here from its docstring."""
+    delta = torch.expm1(r.log_err)
+    by_tail = torch.log1p(r.beyond_err * torch.exp(c)) - torch.log1p(-delta)
+    by_sum = torch.log1p((r.mismatch + delta) * torch.exp(c)) - torch.log1p(delta)
+    return torch.minimum(by_tail, by_sum)
 
 
 def test_full_vocabulary() -> None:
@@ -616,7 +634,12 @@ def test_full_vocabulary() -> None:
     # flat rows); the witness is exact for that same q.
     q_lib = normalized_probabilities(logits[:2], from_logits=True)
     w = drafter_witness(logits[:2], "typical:0.09,0.3", from_logits=True)
-    torch.testing.assert_close(_kl(w, q_lib), out["typical:0.09,0.3"][:2], rtol=1e-9, atol=1e-13)
+    # The certificate is the witness's KL lowered by at most the stated loss of the normaliser's bound.
+    kl_w, cert = _kl(w, q_lib), out["typical:0.09,0.3"][:2]
+    r = drafter_rows(logits[:2], True, 64)
+    loss = _lowering_loss(r, kl_w)
+    assert bool((cert <= kl_w * (1 + 1e-9) + 1e-13).all()), (cert - kl_w).tolist()
+    assert bool((kl_w - cert <= loss + 1e-9 * kl_w + 1e-13).all()), ((kl_w - cert) / loss).tolist()
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from companion.certify.summary import DEFAULT_TOP, map_rows, summarize
+from companion.certify.precision import lower_log_normaliser, normalisation_mismatch
 
 # Tails below this are summed directly (1 - sum(top K) would carry an absolute error ~1e-15).
 _TAIL_DIRECT = 1e-3
@@ -17,7 +18,13 @@ _TAIL_DIRECT = 1e-3
 @dataclass(frozen=True)
 class Rows:
     """Normalised float64 top-``K`` of each row of ``q`` (``[N, K]``, decreasing), the token ids,
-    and ``beyond``: the mass of the ``V - K`` other tokens, summed on its own scale."""
+    and ``beyond``: the mass of the ``V - K`` other tokens, summed on its own scale.
+
+    ``log_err``, ``mismatch``: for rows worked in float32 (float32, bfloat16 and float16 inputs),
+    the bounds of :mod:`companion.certify.precision` (``None`` for float64 rows): the summary's
+    normaliser bound, ``beyond``'s (``|beyond - tail| + tail_err``, ``tail`` the summary's own
+    estimate of the same mass), and how far ``values`` and ``beyond`` are from summing to 1
+    (:func:`~companion.certify.precision.normalisation_mismatch`)."""
 
     values: Tensor
     logs: Tensor  # log(values); from the logits themselves when given (finite where values underflow)
@@ -28,6 +35,9 @@ class Rows:
     norm: Tensor
     flat: Tensor
     from_logits: bool
+    log_err: Tensor | None = None  # every value within e^log_err of the exact one (float32-worked rows)
+    beyond_err: Tensor | None = None  # |beyond - exact beyond| at most this (float32-worked rows)
+    mismatch: Tensor | None = None  # |sum(values) + beyond - 1| at most this (float32-worked rows)
 
     def rest(self, start: int) -> Tensor:
         """``sum_{i > start} q(i)`` (1-based ``i``): the mass below the top ``start`` tokens."""
@@ -73,4 +83,25 @@ def rows(q: Tensor, from_logits: bool, k: int) -> Rows:
             exact = map_rows(lambda x, kt, nt, nrm: _beyond_mass(x, kt, nt, nrm, from_logits),
                              flat, full_kth, full_n, s.norm, idx=idx)
             beyond = beyond.index_copy(0, idx, exact)
-    return Rows(s.values, s.log_values(), s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits)
+    log_err = beyond_err = mismatch = None
+    if s.guarded():
+        log_err = s.log_err
+        # beyond and the summary's tail estimate the same mass: the triangle inequality
+        beyond_err = (beyond - s.tail).abs() + s.tail_err
+        mismatch = normalisation_mismatch(s.values, beyond)
+    return Rows(s.values, s.log_values(), s.indices, beyond, s.vocab, s.lead_shape, s.norm, flat, from_logits,
+                log_err, beyond_err, mismatch)
+
+
+def round_down(cost: Tensor, r: Rows) -> Tensor:
+    """A drafter-side certificate computed from ``r``, lowered to at most the exact one.
+
+    Every drafter-side certificate is ``-log Z`` with ``Z`` a tilted normaliser: the mass beyond
+    the pool plus a homogeneous function of the pool's values. The values are the exact ones times
+    a common ``lambda`` (``|log lambda| <= log_err``), ``beyond`` is within ``beyond_err`` of the
+    exact mass and makes them sum to 1 up to ``mismatch``:
+    :func:`~companion.certify.precision.lower_log_normaliser`. Unchanged for float64
+    rows and ``+inf``."""
+    if r.log_err is None:
+        return cost
+    return lower_log_normaliser(cost, r.log_err, r.beyond_err, r.mismatch)
