@@ -35,7 +35,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+import math
+
 from companion.certify.certificates import certificates
+from companion.certify.precision import U64, gamma
+from companion.certify.verdicts import kl_band
 from companion.certify.criteria import Criterion, index_rank, parse_criteria
 from companion.harvest.schema import column
 from companion.certify.summary import DEFAULT_TOP, summarize
@@ -54,10 +58,14 @@ class StepStatistics:
     ``criteria``: specs or :class:`~companion.certify.criteria.Criterion` objects; ``tree_widths``:
     the ``m`` of the tree certificates; ``top_k``: how many of the target's largest
     probabilities are kept per step; ``vocab``: the models' vocabulary size (checked).
+    ``logits_dtype``: whose kernel-path band counts as a tie in the certificate columns
+    (:func:`~companion.certify.summary.summarize_partial`); ``"exact"`` (default): exact ties only,
+    the paper's convention, whatever dtype the logits arrive in.
     """
 
     def __init__(self, criteria: Sequence[str | Criterion], tree_widths: Sequence[int], *, vocab: int,
-                 top_k: int = DEFAULT_TOP) -> None:
+                 top_k: int = DEFAULT_TOP, logits_dtype: str | None = "exact") -> None:
+        self.logits_dtype = logits_dtype
         self.criteria: list[Criterion] = parse_criteria(list(criteria)) if criteria else []
         self.specs = [str(c) for c in self.criteria]
         if len(set(self.specs)) != len(self.specs):
@@ -85,7 +93,7 @@ class StepStatistics:
         """
         if logits_p.dim() != 2 or logits_p.shape[1] != self.vocab:
             raise ValueError(f"target logits must have shape [N, {self.vocab}], got {tuple(logits_p.shape)}")
-        s = summarize(logits_p, from_logits=True, k=self.k_summary, with_entropy=True)
+        s = summarize(logits_p, from_logits=True, k=self.k_summary, with_entropy=True, logits_dtype=self.logits_dtype)
         values, idx = s.values, s.indices
         out: dict[str, Tensor] = {}
         out["token"] = logits_p.argmax(-1) if token is None else token  # id-based: the first maximal index
@@ -118,7 +126,7 @@ class StepStatistics:
             raise ValueError(f"drafter logits {tuple(logits_q.shape)} and target logits {tuple(logits_p.shape)} differ in shape")
         s = target_cols["_summary"]
         out: dict[str, Tensor] = {}
-        kl_fwd, kl_rev, tv = divergences(logits_p, logits_q, self._ws)
+        kl_fwd, kl_rev, tv, band_fwd, band_rev = divergences(logits_p, logits_q, self._ws, with_bands=True)
         out["kl_fwd"], out["kl_rev"], out["tv"] = kl_fwd, kl_rev, tv
 
         d = logits_q.argmax(-1)  # id-based: the first maximal index
@@ -141,11 +149,11 @@ class StepStatistics:
             if limits is not None:
                 accepted = accepted & (draft_rank <= limits)
             out[column("accepted", spec)] = accepted
-            for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
+            for d, kl in ((FORWARD, kl_fwd + band_fwd), (REVERSE, kl_rev + band_rev)):
                 out[column("certified", spec, d)] = kl < target_cols[column("cert", spec, d)]
         for m in self.widths:
             out[column("covered", m)] = rank_in_draft <= m
-            for d, kl in ((FORWARD, kl_fwd), (REVERSE, kl_rev)):
+            for d, kl in ((FORWARD, kl_fwd + band_fwd), (REVERSE, kl_rev + band_rev)):
                 out[column("tree_certified", m, d)] = kl < target_cols[column("tree_cert", m, d)]
         return out
 
@@ -185,7 +193,8 @@ class Workspace:
         return buf
 
 
-def divergences(logits_p: Tensor, logits_q: Tensor, workspace: Workspace | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def divergences(logits_p: Tensor, logits_q: Tensor, workspace: Workspace | None = None,
+                with_bands: bool = False) -> tuple[Tensor, ...]:
     """``(KL(p||q), KL(q||p), TV(p, q))`` of softmax rows ``[N, V]``, float64 ``[N]`` each.
 
     Everything in float64 with the normalisers computed in float64 (an error of 1e-7 in a
@@ -196,9 +205,15 @@ def divergences(logits_p: Tensor, logits_q: Tensor, workspace: Workspace | None 
     (``exp`` underflows to 0) and turns ``0 * log 0`` into ``0 * finite``; a KL that is infinite
     in exact arithmetic then comes out above 1e30 and is reported as ``+inf``. NaN or ``+inf``
     logits raise ``ValueError``.
+
+    ``with_bands``: also how far each exact divergence may lie above the computed one
+    (:func:`companion.certify.verdicts.kl_band`, float64 rows of ``V`` terms: each normaliser
+    within ``gamma_{V+4}``, each log-probability within ``24 U64 (|l|max + |l|max' + 2 log V + 2)``
+    of both sides), so that the certified columns compare an upper bound of the divergence with the
+    certificate.
     """
     ws = workspace if workspace is not None else Workspace()
-    kl_fwd, kl_rev, tv = _divergences(logits_p, logits_q, ws, clamp=False)
+    kl_fwd, kl_rev, tv, mags = _divergences(logits_p, logits_q, ws, clamp=False)
     bad = ~(torch.isfinite(kl_fwd) & torch.isfinite(kl_rev) & torch.isfinite(tv))
     if bool(bad.any()):
         idx = torch.nonzero(bad).squeeze(1)
@@ -206,23 +221,36 @@ def divergences(logits_p: Tensor, logits_q: Tensor, workspace: Workspace | None 
         for what, rows in (("target", sub_p), ("drafter", sub_q)):
             if bool((torch.isnan(rows) | torch.isposinf(rows)).any()):
                 raise ValueError(f"{what} logits contain NaN or +inf")
-        f, r, t = _divergences(sub_p, sub_q, Workspace(), clamp=True)
+        f, r, t, mg = _divergences(sub_p, sub_q, Workspace(), clamp=True)
         kl_fwd, kl_rev, tv = kl_fwd.index_copy(0, idx, f), kl_rev.index_copy(0, idx, r), tv.index_copy(0, idx, t)
+        mags = mags.index_copy(0, idx, mg)
     inf = torch.full_like(kl_fwd, torch.inf)
     kl_fwd = torch.where(kl_fwd > 1e30, inf, kl_fwd.clamp(min=0.0))
     kl_rev = torch.where(kl_rev > 1e30, inf, kl_rev.clamp(min=0.0))
-    return kl_fwd, kl_rev, tv
+    if not with_bands:
+        return kl_fwd, kl_rev, tv
+    vocab = logits_p.shape[-1]
+    eta = torch.full_like(kl_fwd, gamma(vocab + 4, U64))
+    band_fwd = kl_band(kl_fwd, mags[:, 0], eta, eta, vocab) + mags[:, 2]
+    band_rev = kl_band(kl_rev, mags[:, 1], eta, eta, vocab) + mags[:, 2]
+    return kl_fwd, kl_rev, tv, band_fwd, band_rev
 
 
 def _divergences(logits_p: Tensor, logits_q: Tensor, ws: Workspace, clamp: bool) -> tuple[Tensor, Tensor, Tensor]:
     logp, p = _log_softmax64(logits_p, ws.get("x_p", logits_p, torch.float64), ws.get("e_p", logits_p, torch.float64), clamp)
     logq, q = _log_softmax64(logits_q, ws.get("x_q", logits_q, torch.float64), ws.get("e_q", logits_q, torch.float64), clamp)
     tmp = ws.get("tmp", logits_p, torch.float64)
+    # every log-probability l - l(1) - log(total) within a few ulps of its parts: 24 U64 of them
+    big_p = torch.where(torch.isfinite(logits_p), logits_p, 0).abs().amax(1).double()
+    big_q = torch.where(torch.isfinite(logits_q), logits_q, 0).abs().amax(1).double()
+    scale = 24 * U64 * (big_p + big_q + 2 * math.log(logits_p.shape[-1]) + 2)
     logp.sub_(logq)  # log(p/q), in place
     kl_fwd = torch.mul(p, logp, out=tmp).sum(1)
+    mag_fwd = tmp.abs_().sum(1)
     kl_rev = -torch.mul(q, logp, out=tmp).sum(1)
+    mag_rev = tmp.abs_().sum(1)
     tv = 0.5 * p.sub_(q).abs_().sum(1)
-    return kl_fwd, kl_rev, tv
+    return kl_fwd, kl_rev, tv, torch.stack([mag_fwd, mag_rev, scale], dim=1)
 
 
 def _log_softmax64(logits: Tensor, x: Tensor, p: Tensor, clamp: bool) -> tuple[Tensor, Tensor]:

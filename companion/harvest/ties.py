@@ -4,8 +4,12 @@ A decoder computes the same logits along several kernel paths: a one-token decod
 ``k+1``-token verification forward, one forward over a whole prefix. In float32 they agree to a
 few units in the last place; in bfloat16, whose significand has 8 bits, they can choose different
 greedy tokens where the two largest logits are nearly equal. A certificate promises acceptance
-under every path a decoder may take, so such a step counts as a tie (the worst case: strict
-greedy's certificate is 0 there).
+under every path a decoder may take, so the certificates of bfloat16 and float16 logits (and of
+float32 copies declared as such, ``logits_dtype="bfloat16"``) count such a step as a tie, the
+worst case: strict greedy's certificate is 0 there
+(:func:`companion.certify.summary.summarize_partial`). The harvest's certificate columns keep the
+paper's convention, exact ties only (:class:`companion.harvest.stats.StepStatistics`), and the
+band is then applied where a chapter asks how many steps it touches.
 
 **The band.** A logit ``z`` that a model returns in a floating dtype with ``b`` explicit
 significand bits is the rounding of a float32 accumulation; the spacing of that dtype at ``z``
@@ -22,24 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-#: Explicit significand bits of the dtypes a model computes in.
-SIGNIFICAND_BITS: dict[str, int] = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
-#: The band's width in units in the last place of the larger logit (see the module docstring).
-TIE_ULPS = 2
+# One definition of the band for the whole engine: the certificates apply it (certify.precision).
+from companion.certify.precision import SIGNIFICAND_BITS, TIE_ULPS, tie_band, ulp
 
-
-def ulp(z: np.ndarray | float, dtype: str) -> np.ndarray:
-    """The spacing of ``dtype``'s numbers at ``|z|``: ``2^(floor(log2 |z|) - b)`` (at ``z = 0``: that of 1)."""
-    if dtype not in SIGNIFICAND_BITS:
-        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(SIGNIFICAND_BITS)}")
-    a = np.abs(np.asarray(z, dtype=np.float64))
-    exponent = np.floor(np.log2(np.where(a > 0, a, 1.0)))
-    return np.ldexp(1.0, (exponent - SIGNIFICAND_BITS[dtype]).astype(np.int64))
-
-
-def tie_band(z1: np.ndarray | float, dtype: str, ulps: float = TIE_ULPS) -> np.ndarray:
-    """The largest top-2 logit gap that counts as a near tie at top logit ``z1``: ``ulps * ulp(z1)``."""
-    return ulps * ulp(z1, dtype)
+__all__ = ["SIGNIFICAND_BITS", "TIE_ULPS", "near_ties", "tie_band", "ulp"]
 
 
 def near_ties(z1: np.ndarray, gap: np.ndarray, dtype: str, ulps: float = TIE_ULPS) -> np.ndarray:
