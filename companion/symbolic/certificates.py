@@ -602,3 +602,29 @@ def swap_example(eta: sp.Expr) -> dict[str, sp.Expr]:
     accept = sum(sp.Min(a, b) for a, b in zip(p, q))
     return {"p": p, "q": q, "kl": kl, "tv": sp.simplify(tv), "accept": sp.simplify(accept),
             "pinsker": 1 - sp.sqrt(kl / 2), "certificate": phi(1, 2 * eta)}
+
+
+def normaliser_error_identities(n_top: int = 4, pool: int = 2) -> dict[str, sp.Expr]:
+    """The two identities behind :func:`companion.certify.precision.lower_log_normaliser`, on an
+    explicit row: ``n_top`` top probabilities ``e_i`` (positive), the tail ``t = 1 - sum e``, and the
+    reverse tilted normaliser ``X(e) = t + sum_{i > pool} e_i + pool G`` with ``G`` the geometric mean
+    of the first ``pool`` values. The computed row is ``v = lambda e`` with a computed tail ``t_hat``.
+
+    Returns ``X(e)``, ``X(v)``, the mismatch ``eta = sum v + t_hat - 1`` and the two residuals
+    ``X(v) - X(e) - [(lambda - 1)(X(e) - t) + (t_hat - t)]`` and
+    ``X(v) - X(e) - [eta - (lambda - 1)(1 - X(e))]``, both identically 0.
+    """
+    e = sp.symbols(f"e_1:{n_top + 1}", positive=True)
+    lam, t_hat = sp.symbols("lambda t_hat", positive=True)
+    t = 1 - sum(e)
+
+    def x_of(vals, tail):
+        g = sp.Mul(*vals[:pool]) ** sp.Rational(1, pool)
+        return tail + sum(vals[pool:]) + pool * g
+
+    x_e = x_of(list(e), t)
+    x_v = x_of([lam * a for a in e], t_hat)
+    eta = lam * sum(e) + t_hat - 1
+    by_tail = sp.simplify(sp.powsimp(sp.expand(x_v - x_e - ((lam - 1) * (x_e - t) + (t_hat - t))), force=True))
+    by_sum = sp.simplify(sp.powsimp(sp.expand(x_v - x_e - (eta - (lam - 1) * (1 - x_e))), force=True))
+    return {"X_exact": x_e, "X_computed": x_v, "mismatch": eta, "residual_tail": by_tail, "residual_sum": by_sum}
