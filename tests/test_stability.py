@@ -119,7 +119,12 @@ def test_statistics_sentence_and_conclusion_branches() -> None:
     assert "N moves the 16 statistics by at most 3.1% (tree m = 4, 5th percentile), every one inside" in ok
     assert "no run moves a statistic beyond R's sampling interval" in ok
     bad = st.statistics_sentence("R", 8, [near, far])
-    assert f"{n - 2} of the {n} inside R's 95 % interval" in bad and "So F moves some statistics beyond" in bad
+    assert f"{n - 2} of the {n} inside R's 95 % interval" in bad and "So F moves some statistics further" in bad
+    both = st.statistics_sentence("R", 8, [far, st.Shift("G", 1, n, 0.2, "x"), st.Shift("H", 2, n, 0.2, "x")])
+    assert "So F, G and H move some statistics" in both
+    lone = st.statistics_sentence("R", 1, [far])
+    assert lone.startswith("F moves") and "With 1 answer, a bootstrap over prompts has no spread" in lone
+    assert "further than" not in lone
     assert st.conclusion(0, 0, 0).startswith("Precision and batch changed no answer measured here;")
     assert "3 answers, every one at a near tie" in st.conclusion(3, 0, 0)
     assert "1 answer, 1 of them at a step that is not a near tie" in st.conclusion(1, 1, 0)

@@ -238,16 +238,19 @@ def statistics_sentence(reference: str, answers: int, found: Sequence[Shift]) ->
         parts.append(f"{s.run} moves the {s.total} statistics by at most {s.largest_relative:.1%} "
                      f"({s.largest_label}), {where} {reference}'s 95 % interval")
     head = "; ".join(parts) + "."
+    head = head[0].upper() + head[1:]
+    if answers < 2:
+        return (head + f" With {answers} answer{'' if answers == 1 else 's'}, a bootstrap over prompts has no spread, "
+                "so these differences cannot be set against a sampling interval.")
     if all(s.inside == s.total for s in found):
         tail = (f" On these {answers} answers, then, no run moves a statistic beyond {reference}'s sampling interval; "
                 "intervals over so few answers are wide, so this bounds the effect by their width, no closer.")
     else:
         moved = [s.run for s in found if s.inside < s.total]
-        tail = (f" So {' and '.join(moved)} move{'s' if len(moved) == 1 else ''} some statistics beyond "
-                f"{reference}'s sampling interval on these {answers} answers: on those statistics the precision or "
-                "batch matters at least as much as the choice of prompts.")
+        names = moved[0] if len(moved) == 1 else ", ".join(moved[:-1]) + " and " + moved[-1]
+        tail = (f" So {names} move{'s' if len(moved) == 1 else ''} some statistics further than resampling "
+                f"these {answers} answers moves them: on those statistics the numerics matter at this sample size.")
     return head + tail
-
 
 def conclusion(parted: int, outside_band: int, moved_runs: int) -> str:
     """One sentence from the totals over every pair compared: answers that part, partings outside the
