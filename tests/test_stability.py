@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 import torch
 
@@ -221,3 +222,25 @@ def test_the_profile_exports_and_loads_its_variants(toy_root, toy_runs, tmp_path
     shutil.copytree(toy_root / "float32-b2", run_root / "float32-b1")  # a folder named for another batch
     with pytest.raises(ValueError, match="not float32, batch 1"):
         sp.export(run_root, tmp_path / "other", variants=(sp.Variant("float32", 1),))
+
+
+def test_the_committed_profile_is_what_its_manifest_and_the_command_say() -> None:
+    """The committed data: every variant of VARIANTS, the profile's prompts and steps, the full profile's model."""
+    from companion.harvest import full_profile
+    from companion.harvest import stability_profile as sp
+
+    tables, m = sp.load()
+    assert m["command"] == sp.COMMAND and "uncommitted" not in m["code_commit"]
+    assert [(v["dtype"], v["batch_size"]) for v in m["variants"]] == [(v.dtype, v.batch_size) for v in sp.VARIANTS]
+    assert m["prompt_set"]["name"] == f"{sp.PROFILE.prompts}[:{sp.PROFILE.n_prompts}]" and m["n_steps"] == sp.PROFILE.n_steps
+    _, fm = full_profile.load()
+    assert m["converted_from"]["gguf_sha256"] == fm["converted_from"]["gguf_sha256"], "the full profile's model"
+    for v in m["variants"]:
+        t = tables[v["name"]]
+        assert t.num_rows == v["rows"] and t.column_names == v["columns"] and v["threads"] == sp.PROFILE.threads
+        assert v["harvest_command"] == "companion " + " ".join(
+            sp.PROFILE.harvest_argv(sp.Variant(v["dtype"], v["batch_size"]), sp.DEFAULT_RUN_DIR / v["name"]))
+        ids = list(dict.fromkeys(t.column("prompt_id").to_pylist()))
+        assert len(ids) == sp.PROFILE.n_prompts and all(
+            len([s for s in t.filter(pc.equal(t.column("prompt_id"), i)).column("step").to_pylist()])
+            <= sp.PROFILE.n_steps for i in ids)
