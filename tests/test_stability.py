@@ -79,7 +79,7 @@ def test_parting_sentence_has_a_branch_for_every_outcome() -> None:
     assert "on 14 of the 16 answers" in inside and "steps 3, 40" in inside and "within 2 bfloat16 ulps" in inside
     assert "inside the near-tie band of 2" in inside and "outside" not in inside
     one = st.parting_sentence("A", "B", 4, [7], [1.0])
-    assert "step 7," in one and "within 1 bfloat16 ulp " in one
+    assert "the other one parts at step 7," in one and "within 1 bfloat16 ulp " in one
     outside = st.parting_sentence("A", "B", 8, [5, 9, 11], [0.5, 6.0, 2.0])
     assert "2 of the partings lie inside" in outside and "1 outside it (the largest gap 6 ulps)" in outside
     assert "that one is not explained" in outside

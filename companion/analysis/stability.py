@@ -149,8 +149,8 @@ def parting_sentence(a: str, b: str, answers: int, parted_steps: Sequence[int], 
         return (f"{a} and {b} give the same tokens on the one answer they share." if answers == 1 else
                 f"{a} and {b} give the same tokens on all {answers} answers they share.")
     steps = ", ".join(str(s) for s in sorted(parted_steps))
-    head = (f"{a} and {b} give the same tokens on {answers - k} of the {answers} answers they share; the other {k} "
-            f"part at step{'s' if k > 1 else ''} {steps}")
+    rest = f"the other {k} part at steps" if k > 1 else "the other one parts at step"
+    head = f"{a} and {b} give the same tokens on {answers - k} of the {answers} answers they share; {rest} {steps}"
     outside = [g for g in gaps_ulps if g > band_ulps]
     worst = max(gaps_ulps)
     if not outside:
