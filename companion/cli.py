@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "companion.models.tiny_pair.cli",   # pair-report: the embedded closed-world pair, frozen
     "companion.harvest.cli",     # harvest: per-step traces from a target and drafter
     "companion.harvest.full_profile",  # full-profile: the paper's protocol at its size on the 1.5B, committed
+    "companion.harvest.stability_profile",  # stability-profile: the first prompts alone in bf16 and float32, committed
     "companion.models.distill.cli",     # build-drafter: SmolLM2's distilled drafter
     "companion.models.weights.cli",     # fetch-weights: models from the package index, converted once
     "companion.models.weights.cache_cli",  # cache: list the weights cache, prune stale folders

@@ -4,8 +4,8 @@ Every ``companion`` command in the README's shell blocks is parsed by the real c
 each ``--only`` names a chapter); the cheap ones run: ``reproduce --list``, and the "Your own
 pair" harvest with its Python block, on a tiny random pair in place of your checkpoints. The
 table of which chapter draws which figure is compared with the notebooks' ``save_figure`` calls;
-the paper is cited with one author list everywhere; no link holds the ``OWNER`` placeholder, and
-the command that replaces it in a fork leaves none behind.
+the paper is cited with one author list everywhere; no link and no file a tool reads holds the
+``OWNER`` placeholder, and the one setting that replaces it (``_config.yml``) reaches every page.
 """
 from __future__ import annotations
 
@@ -204,18 +204,60 @@ def test_no_link_a_reader_clicks_holds_the_owner_placeholder() -> None:
             prose[max(0, prose.index("OWNER") - 80):prose.index("OWNER") + 40]
 
 
-@pytest.mark.skipif(shutil.which("sed") is None, reason="no sed on this machine")
-def test_a_fork_sets_its_home_with_the_command_shown(tmp_path: Path) -> None:
-    (sed,) = [b for b in blocks(section("Publishing the book"), "bash") if "sed " in b]
-    files = shlex.split(sed.replace("\\\n", " "))[3:]
-    for name in files:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, tmp_path / name)
-    subprocess.run(sed.replace("\\\n", " "), shell=True, cwd=tmp_path, check=True)
-    for name in files:
-        text = (tmp_path / name).read_text(encoding="utf-8")
-        assert not re.search(r"OWNER[/.]", text), f"{name} still names OWNER"
-        assert "me/my-companion" in text, name
+def _strings(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in (str(k), *_strings(v))]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return [str(node)]
+
+
+def test_no_file_a_tool_reads_holds_the_owner_placeholder() -> None:
+    """GitHub's citation box reads CITATION.cff, pip and the package index read pyproject.toml, a
+    reference manager reads the README's BibTeX: none of them may take the placeholder for an address."""
+    import tomllib
+
+    import yaml
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    for name, data in (("CITATION.cff", cff), ("pyproject.toml", project)):
+        held = [s for s in _strings(data) if "OWNER" in s]
+        assert not held, f"{name} holds the placeholder: {held}"
+    assert project["project"]["urls"], "pyproject.toml lost its URLs (the paper's)"
+    for bib in blocks(README, "bibtex"):
+        assert "OWNER" not in bib, bib
+
+
+def test_one_setting_decides_the_books_home(tmp_path: Path) -> None:
+    """The placeholder lives only where _config.yml's repository URL replaces it: the config itself, the
+    book's pages (staging swaps it for the published URL, or drops the line offline), the install cells
+    (stamped from the same repository), the README's code, and the code that does the replacing."""
+    from companion.book.stage import PLACEHOLDER_URL, repository_url, resolve_repository
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    holders = set()
+    for name in tracked:
+        path = ROOT / name
+        if path.is_file() and path.suffix in {".md", ".yml", ".yaml", ".cff", ".toml", ".py", ".ipynb", ".cfg", ".txt", ".json"}:
+            if re.search(r"OWNER[/.]", path.read_text(encoding="utf-8", errors="replace")):
+                holders.add(name)
+    allowed = {"_config.yml", "README.md", "companion/book/stage.py", "companion/book/publish.py"}
+    stray = {h for h in holders if h not in allowed and not h.startswith(("book/", "notebooks/", "tests/"))}
+    assert not stray, f"the placeholder outside what the book's home setting replaces: {sorted(stray)}"
+
+    config = tmp_path / "_config.yml"
+    config.write_text((ROOT / "_config.yml").read_text(encoding="utf-8"), encoding="utf-8")
+    assert repository_url(config) is None, "the sources' _config.yml should hold the placeholder"
+    for home in (None, "https://github.com/me/my-companion"):
+        pages = tmp_path / ("offline" if home is None else "published")
+        shutil.copytree(ROOT / "book", pages)
+        resolve_repository(pages, home)
+        for page in pages.rglob("*.md"):
+            assert "OWNER" not in page.read_text(encoding="utf-8"), page.relative_to(pages)
+    published = (tmp_path / "published" / "intro.md").read_text(encoding="utf-8")
+    assert "url     = {https://github.com/me/my-companion}" in published
+    assert PLACEHOLDER_URL not in published
 
 
 def test_the_full_profiles_time_is_the_manifests() -> None:

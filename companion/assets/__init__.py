@@ -22,3 +22,6 @@ STDLIB_REQUESTS_DIR: Path = Path(__file__).resolve().parent / "stdlib_requests"
 
 #: Folder of the full profile's committed per-step summary and manifest (:mod:`companion.harvest.full_profile`).
 FULL_PROFILE_DIR: Path = Path(__file__).resolve().parent / "full_profile"
+
+#: Folder of the stability profile's committed per-step summaries and manifest (:mod:`companion.harvest.stability_profile`).
+STABILITY_PROFILE_DIR: Path = Path(__file__).resolve().parent / "stability_profile"
