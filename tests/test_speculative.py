@@ -7,7 +7,9 @@ drafter-side certificate; exact recursion and closed forms for the policy's stop
 """
 from __future__ import annotations
 
+import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -487,7 +489,8 @@ def test_cost_model_affine_fit_and_errors():
     cm = CostModel(c=0.2, verify=(1.0, 1.4, 1.45, 1.5, 1.55))
     v1, dv = cm.affine()
     assert (v1, dv) == (pytest.approx(1.4), pytest.approx(0.05))
-    assert cm.policy_defaults() == {"c": 0.2, "v1": pytest.approx(1.4), "dv": pytest.approx(0.05)}
+    assert cm.policy_defaults() == {"c": 0.2, "v1": pytest.approx(1.4), "dv": pytest.approx(0.05),
+                                    "verify": (1.0, 1.4, 1.45, 1.5, 1.55)}
     with pytest.raises(ValueError, match="V\\(0\\) = 1"):
         CostModel(c=0.2, verify=(1.2, 1.5))
     with pytest.raises(ValueError, match="cost ratio c"):
@@ -570,3 +573,40 @@ def test_compare_policies_prices_and_bootstraps_consistently(pair):
     for (spec, i), theirs in hf.runs.items():
         ours = generate(target, drafter, evals[i], policy=spec, max_new_tokens=12)
         assert parting(ours, theirs, fields=("submitted", "accepted")) is None, (spec, i)
+
+
+def test_calibrated_rule_optimises_a_measured_verify_table():
+    # a step-shaped V (flat to 3 drafts, then a jump), as a CPU's kernels give: the table, not its line
+    table = (1.0, 1.01, 1.02, 1.02, 1.3, 1.25, 1.32)
+    pol = parse_policy("certificate", c=0.3, v1=9.0, dv=9.0, verify=table)
+    assert [pol.verify_cost(k) for k in range(7)] == [1.0, 1.01, 1.02, 1.02, 1.3, 1.3, 1.32]   # the dip is lifted
+    assert pol.verify_cost(9) == pytest.approx(1.32 + 0.02 * 3)   # past the table: its last step per draft
+    line = parse_policy("certificate", c=0.3, v1=1.4, dv=0.05)
+    assert line.verify_cost(3) == pytest.approx(1.5) and line.verify == ()
+    cm = CostModel(c=0.3, verify=table)
+    assert parse_policy("certificate", **cm.policy_defaults()).verify_cost(2) == 1.02
+    for bad, message in (((1.2, 1.3), "V\\(0\\) = 1"), ((1.0, -1.0), "verify\\[1\\]"), ("1,2", "sequence")):
+        with pytest.raises(ValueError, match=message):
+            parse_policy("certificate", verify=bad)
+    with pytest.raises(ValueError, match="unknown policy defaults"):
+        parse_policy("certificate", verifies=table)
+
+
+def test_cost_samples_medians_paired_spread_and_json(pair):
+    from companion.speculative.costs import CostSamples, measure_cost_samples
+    target, drafter = pair[0], pair[1]
+    s = measure_cost_samples(target, drafter, context=16, kmax=3, repeats=3)
+    assert (s.kmax, s.repeats, sorted(s.target_s)) == (3, 3, [1, 2, 3, 4])
+    m = s.model()
+    assert m.verify[2] == pytest.approx(statistics.median(s.target_s[3]) / statistics.median(s.target_s[1]))
+    assert m.c == pytest.approx(statistics.median(s.drafter_s) / statistics.median(s.target_s[1]))
+    lo, med, hi = s.ratio_spread(2)
+    paired = sorted(a / b for a, b in zip(s.target_s[3], s.target_s[1]))
+    assert (lo, med, hi) == (paired[0], paired[1], paired[2])
+    assert CostSamples.from_json(json.loads(json.dumps(s.to_json()))) == s
+    broken = s.to_json()
+    broken["target_s"].pop("2")
+    with pytest.raises(ValueError, match="1 .. kmax"):
+        CostSamples.from_json(broken)
+    with pytest.raises(ValueError, match="not a cost measurement"):
+        CostSamples.from_json({"context": 4})

@@ -100,10 +100,11 @@ class CostModel:
         dv = max(dv, 0.0)
         return my - dv * mx, dv
 
-    def policy_defaults(self) -> dict[str, float]:
-        """Knob values ``c, v1, dv`` for the calibrated policies."""
+    def policy_defaults(self) -> dict[str, Any]:
+        """Values ``c, v1, dv`` and ``verify`` (this model's ``V`` table) for the calibrated policies: the rule
+        then optimises this cost model's own ``V(k)`` (``v1, dv``, its least-squares line, describe it)."""
         v1, dv = self.affine()
-        return {"c": self.c, "v1": v1, "dv": dv}
+        return {"c": self.c, "v1": v1, "dv": dv, "verify": self.verify}
 
 
 def modelled_cost(result: SpeculativeResult, costs: CostModel) -> float:
@@ -157,7 +158,64 @@ def costs_from_results(results: list[SpeculativeResult], *, min_rounds: int = 5,
     return CostModel(c=d1 / t1, verify=tuple(verify), target_s=t1, drafter_s=d1)
 
 
-def measure_costs(
+@dataclass(frozen=True)
+class CostSamples:
+    """Every timing of an interleaved cost measurement, and the ratios read from them.
+
+    ``target_s[n][r]`` is the seconds of repeat ``r``'s target forward over ``n`` new tokens
+    (``n = 1 .. kmax + 1``, so ``n = k + 1`` verifies ``k`` drafts) and ``drafter_s[r]`` its
+    one-token drafter forward, all at ``context`` cached tokens with ``threads`` torch threads
+    (CPU; 0: not set). :meth:`model` gives the :class:`CostModel` of the medians
+    (``V(k) = median target_s[k + 1] / median target_s[1]``, ``c`` likewise);
+    :meth:`ratio_spread` the min, median and max over repeats of the *paired* ratios (each
+    repeat's forward over that repeat's one-token target forward), the spread a reader checks.
+    """
+
+    target_s: dict[int, tuple[float, ...]]
+    drafter_s: tuple[float, ...]
+    context: int
+    threads: int = 0
+
+    @property
+    def kmax(self) -> int:
+        return max(self.target_s) - 1
+
+    @property
+    def repeats(self) -> int:
+        return len(self.drafter_s)
+
+    def model(self) -> CostModel:
+        """The cost model of the median times (``V(0) .. V(kmax)`` and ``c``)."""
+        t1 = statistics.median(self.target_s[1])
+        d1 = statistics.median(self.drafter_s)
+        verify = (1.0,) + tuple(statistics.median(self.target_s[k + 1]) / t1 for k in range(1, self.kmax + 1))
+        return CostModel(c=d1 / t1, verify=verify, target_s=t1, drafter_s=d1, context=self.context)
+
+    def ratio_spread(self, k: int | None) -> tuple[float, float, float]:
+        """(min, median, max) over repeats of ``V(k)`` (``k`` drafts verified) or, for ``k=None``, of ``c``."""
+        num = self.drafter_s if k is None else self.target_s[k + 1]
+        ratios = [a / b for a, b in zip(num, self.target_s[1])]
+        return min(ratios), statistics.median(ratios), max(ratios)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"context": self.context, "threads": self.threads, "drafter_s": list(self.drafter_s),
+                "target_s": {str(n): list(v) for n, v in sorted(self.target_s.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CostSamples":
+        try:
+            target = {int(n): tuple(float(x) for x in v) for n, v in data["target_s"].items()}
+            samples = cls(target_s=target, drafter_s=tuple(float(x) for x in data["drafter_s"]),
+                          context=int(data["context"]), threads=int(data.get("threads", 0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"not a cost measurement (context, threads, drafter_s, target_s): {err}") from None
+        if 1 not in target or sorted(target) != list(range(1, len(target) + 1)) or \
+                any(len(v) != samples.repeats or not v for v in target.values()):
+            raise ValueError("a cost measurement needs target_s for 1 .. kmax + 1 new tokens, as many repeats as drafter_s")
+        return samples
+
+
+def measure_cost_samples(
     target: Any,
     drafter: Any,
     *,
@@ -165,13 +223,13 @@ def measure_costs(
     kmax: int = 24,
     repeats: int = 30,
     seed: int = 0,
-) -> CostModel:
-    """Measure ``c`` and ``V(0 .. kmax)`` with ``context`` tokens in both caches.
+) -> CostSamples:
+    """Time ``c`` and ``V(0 .. kmax)`` with ``context`` tokens in both caches, every repeat kept.
 
     Every repeat times, interleaved, one single-token drafter forward, one single-token target
     forward and one target forward over ``k + 1`` tokens for each ``k``; each forward is undone
-    by cropping the cache. The medians over ``repeats`` give the ratios (interleaving keeps a
-    shared machine's load changes from biasing one measurement against another).
+    by cropping the cache. A first pass warms up and is not kept. Interleaving keeps a shared
+    machine's load changes from biasing one measurement against another.
     """
     for name, value, lo in (("context", context, 1), ("kmax", kmax, 1), ("repeats", repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
@@ -200,7 +258,24 @@ def measure_costs(
                 caches[name].crop(context)
                 if rep:  # the first pass warms up
                     times.setdefault((name, n), []).append(dt)
-    med = {key: statistics.median(v) for key, v in times.items()}
-    t1 = med[("target", 1)]
-    verify = (1.0,) + tuple(med[("target", k + 1)] / t1 for k in range(1, kmax + 1))
-    return CostModel(c=med[("drafter", 1)] / t1, verify=verify, target_s=t1, drafter_s=med[("drafter", 1)], context=context)
+    on_cpu = getattr(target, "device", torch.device("cpu")).type == "cpu"
+    return CostSamples(target_s={n: tuple(times[("target", n)]) for n in range(1, kmax + 2)},
+                       drafter_s=tuple(times[("drafter", 1)]), context=context,
+                       threads=torch.get_num_threads() if on_cpu else 0)
+
+
+def measure_costs(
+    target: Any,
+    drafter: Any,
+    *,
+    context: int = 128,
+    kmax: int = 24,
+    repeats: int = 30,
+    seed: int = 0,
+) -> CostModel:
+    """Measure ``c`` and ``V(0 .. kmax)`` with ``context`` tokens in both caches.
+
+    The medians over ``repeats`` interleaved repeats of :func:`measure_cost_samples` (its
+    :meth:`CostSamples.model`).
+    """
+    return measure_cost_samples(target, drafter, context=context, kmax=kmax, repeats=repeats, seed=seed).model()

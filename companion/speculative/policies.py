@@ -435,6 +435,7 @@ class Calibrated(Policy):
     cal: str = "bins"
     explore: int = 8
     window: int = 0
+    verify: tuple[float, ...] = ()   # a measured V(0), V(1), ... table instead of v1, dv (see verify_cost)
     # running state
     idle: int = field(default=0, repr=False)  # consecutive rounds that verified no draft
     explore_after: int = field(default=-1, repr=False)  # idle rounds before the next forced draft
@@ -457,6 +458,7 @@ class Calibrated(Policy):
                 setattr(self, name, check_knob(name, getattr(self, name)))
             except ValueError as err:
                 raise ValueError(f"{self.kind} knob {err}") from None
+        self.verify = _verify_table(self.verify)
         self._table: tuple[np.ndarray, np.ndarray] | None = None
         self._last_rate: float | None = None
         if self.explore_after < 0:
@@ -476,8 +478,18 @@ class Calibrated(Policy):
 
     # -- calibration ---------------------------------------------------------------------------
     def verify_cost(self, k: int) -> float:
-        """``V(k)``: 1 for ``k = 0``, ``v1 + dv (k - 1)`` otherwise."""
-        return 1.0 if k <= 0 else self.v1 + self.dv * (k - 1)
+        """``V(k)``: 1 for ``k = 0``; ``v1 + dv (k - 1)`` otherwise, or, with a ``verify`` table (``V(0) = 1``
+        first, made non-decreasing when the policy is built: its running maximum), the table's entry, and past
+        the table its last entry plus the last step (``>= 0``) per further draft, as
+        :meth:`companion.speculative.CostModel.verify_cost` extrapolates."""
+        if k <= 0:
+            return 1.0
+        t = self.verify
+        if not t:
+            return self.v1 + self.dv * (k - 1)
+        if k < len(t):
+            return t[k]
+        return t[-1] + (t[-1] - t[-2] if len(t) > 1 else 0.0) * (k - len(t) + 1)
 
     def _score(self, step: DraftStep) -> float:
         return kl_scale_score(self.kind, step) if self.cal == "kl" else unit_score(self.kind, step)
@@ -633,6 +645,22 @@ class Calibrated(Policy):
         return self.kind + (":" + ",".join(knobs) if knobs else "")
 
 
+def _verify_table(table: Any) -> tuple[float, ...]:
+    """A calibrated policy's ``verify`` table checked (finite numbers > 0, ``V(0) = 1``; empty: none) and made
+    non-decreasing (its running maximum: a draft never looks cheaper to verify than a shorter one, the
+    monotonicity the plan's search relies on)."""
+    if isinstance(table, (str, bytes)) or not isinstance(table, (tuple, list)):
+        raise ValueError(f"verify must be a sequence of numbers V(0) = 1, V(1), ..., got {table!r}")
+    out: list[float] = []
+    for k, v in enumerate(table):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"verify[{k}] must be a finite number > 0, got {v!r}")
+        out.append(max(float(v), out[-1]) if out else float(v))
+    if out and out[0] != 1.0:
+        raise ValueError(f"verify must start with V(0) = 1, got {out[0]!r}")
+    return tuple(out)
+
+
 _CAL_DEFAULTS: dict[str, Any] = {
     "c": 0.28, "v1": 1.5, "dv": 0.025, "kmax": 16, "prior": 0.8, "n0": 4.0, "bins": 16, "cal": "bins",
     "explore": 8, "window": 0,
@@ -732,6 +760,8 @@ def _knob_text(spec: str, key: str, text: str) -> Any:
 def _calibrated(spec: str, kind: str, body: str | None, defaults: dict[str, Any]) -> Calibrated:
     values = dict(_CAL_DEFAULTS)
     values.update({k: v for k, v in defaults.items() if k in _CAL_DEFAULTS})
+    if "verify" in defaults:
+        values["verify"] = defaults["verify"]
     if body:
         for item in body.split(","):
             key, sep, text = item.partition("=")
@@ -749,7 +779,8 @@ def parse_policy(spec: str | Policy, **defaults: Any) -> Policy:
     """Parse a policy spec (see the module docstring); a :class:`Policy` is returned unchanged.
 
     ``defaults`` override the calibrated policies' knob defaults (e.g. the measured ``c``,
-    ``v1``, ``dv``); knobs written in the spec win. Raises ``ValueError`` naming the bad spec and
+    ``v1``, ``dv``, and ``verify``, a measured ``V(0), V(1), ...`` table that replaces ``v1, dv``:
+    :meth:`companion.speculative.CostModel.policy_defaults` gives all four); knobs written in the spec win. Raises ``ValueError`` naming the bad spec and
     listing the valid forms.
     """
     if isinstance(spec, Policy):
@@ -757,9 +788,10 @@ def parse_policy(spec: str | Policy, **defaults: Any) -> Policy:
     if not isinstance(spec, str):
         raise ValueError(f"policy spec must be a string, got {type(spec).__name__}; expected one of: "
                          f"{', '.join(POLICY_FORMS)}")
-    unknown = set(defaults) - set(_CAL_DEFAULTS)
+    unknown = set(defaults) - set(_CAL_DEFAULTS) - {"verify"}
     if unknown:
-        raise ValueError(f"unknown policy defaults {sorted(unknown)}; knobs: {', '.join(_CAL_DEFAULTS)}")
+        raise ValueError(f"unknown policy defaults {sorted(unknown)}; knobs: {', '.join(_CAL_DEFAULTS)} (and verify, "
+                         f"a V(k) table)")
     s = spec.strip()
     name, _, body = s.partition(":")
     has_body = ":" in s
