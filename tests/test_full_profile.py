@@ -11,6 +11,7 @@ recomputed steps' top logits were within 1 and 2 ulps of the committed ones, and
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -123,3 +124,20 @@ def test_steps_recomputed_here_agree_with_the_committed_rows(committed, tmp_path
     result = fp.compare_steps(table, mine)
     assert result.prompts == 2 and result.steps >= 32, result  # tokens part only at near ties, if at all
     assert not result.failures, result.failures
+
+
+def test_code_commit_leaves_out_the_folder_being_written(tmp_path) -> None:
+    from companion.harvest import full_profile as fp_mod
+
+    root = Path(fp_mod.__file__).resolve().parents[2]
+    probe = root / "companion" / "assets" / "full_profile" / "_probe_uncommitted.txt"
+    probe.write_text("x")
+    try:
+        with_out = fp_mod._code_commit(outputs=probe.parent)
+        without = fp_mod._code_commit()
+    finally:
+        probe.unlink()
+    if without.startswith("unknown"):
+        pytest.skip("not a git checkout")
+    assert "_probe_uncommitted.txt" not in with_out
+    assert "companion/assets/full_profile/" in without

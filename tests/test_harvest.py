@@ -43,6 +43,7 @@ from companion.models.loading import load_pair
 from companion.prompts.sets import Prompt, dumps_prompts
 from companion.certify.stochastic import total_variation
 from companion.certify.summary import summarize
+from companion.harvest.schema import column
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -877,3 +878,67 @@ def test_weight_hashes_are_remembered_by_name_size_and_mtime(tmp_path, monkeypat
     w.write_bytes(b"b" * 1001)
     os.utime(w, ns=(1, 1))
     assert store._weights_sha256(tmp_path, [w]) == {"model.safetensors": real(w)} != first and len(calls) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel-path convention: near ties of the model's dtype count as ties.
+
+
+def _rows_with_near_tie(dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    z = 2.0 * torch.randn(4, 4096, generator=g)
+    z[:, 0] += torch.tensor([18.0, 22.0, 26.0, 14.0])
+    z[0, 0], z[0, 1] = 20.0, 19.875  # 1 bfloat16 ulp at 20: a near tie, not an exact one
+    z[1, 1] = z[1, 0] - 3.0  # a clear gap
+    return z.to(dtype)
+
+
+def test_kernel_path_columns_count_near_ties_as_ties() -> None:
+    from companion.harvest.stats import StepStatistics
+
+    specs = ["greedy", "multiplicative:0.1", "topm:4", "additive:0.3", "typical:0.09,0.3"]
+    logits = _rows_with_near_tie(torch.bfloat16)
+    stats = StepStatistics(specs, [2], vocab=4096)
+    t = stats.target(logits)
+    for spec in specs:
+        for d in ("forward", "reverse"):
+            paper, path = t[column("cert", spec, d)], t[column("path_cert", spec, d)]
+            assert bool((path <= paper).all()), (spec, d, path.tolist(), paper.tolist())
+    assert float(t[column("path_cert", "greedy", "forward")][0]) == 0.0
+    assert float(t[column("cert", "greedy", "forward")][0]) > 1e-4  # the paper's convention: not a tie
+    assert float(t[column("path_cert", "greedy", "forward")][1]) == float(t[column("cert", "greedy", "forward")][1])
+    # the drafter equal to the target at the near tie: certified under exact ties, not under kernel paths
+    d_cols = stats.drafter(logits, logits.clone(), t)
+    assert bool(d_cols[column("certified", "greedy", "forward")][0])
+    assert not bool(d_cols[column("path_certified", "greedy", "forward")][0])
+    for spec in specs:  # path-certified implies certified (its certificate is never larger)
+        for d in ("forward", "reverse"):
+            assert not bool((d_cols[column("path_certified", spec, d)] & ~d_cols[column("certified", spec, d)]).any())
+
+
+def test_kernel_path_columns_equal_the_others_in_float64() -> None:
+    from companion.harvest.stats import StepStatistics
+
+    logits = _rows_with_near_tie(torch.float64)
+    t = StepStatistics(["greedy", "multiplicative:0.1"], [], vocab=4096).target(logits)
+    for spec in ("greedy", "multiplicative:0.1"):
+        assert torch.equal(t[column("cert", spec, "forward")], t[column("path_cert", spec, "forward")])
+    with pytest.raises(ValueError, match="path_dtype"):
+        StepStatistics(["greedy"], [], vocab=4096, path_dtype="bf16")
+
+
+def test_traces_under_kernel_paths_swap_the_columns() -> None:
+    from companion.analysis.traces import Traces
+
+    tr = Traces.from_columns({"prompt_id": ["a", "a"], "step": [0, 1], "cert_fwd[greedy]": [0.5, 0.2],
+                              "path_cert_fwd[greedy]": [0.0, 0.2], "certified_fwd[greedy]": [True, False],
+                              "path_certified_fwd[greedy]": [False, False], "tree_cert_fwd[2]": [0.9, 0.8]})
+    assert tr.has_kernel_paths()
+    kp = tr.under_kernel_paths()
+    assert kp.cert("greedy").tolist() == [0.0, 0.2]
+    assert kp.column("certified_fwd[greedy]").tolist() == [False, False]
+    assert kp.tree_cert(2).tolist() == [0.9, 0.8] and not kp.has("path_cert_fwd[greedy]")
+    old = Traces.from_columns({"prompt_id": ["a"], "step": [0], "cert_fwd[greedy]": [0.5]})
+    assert not old.has_kernel_paths()
+    with pytest.raises(KeyError, match="harvest them again"):
+        old.under_kernel_paths()

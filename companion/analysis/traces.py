@@ -221,6 +221,26 @@ class Traces:
         t_max = int(self.lengths.max()) if len(self.lengths) else 0
         return np.arange(t_max)[None, :] < self.lengths[:, None]
 
+    def under_kernel_paths(self) -> "Traces":
+        """These traces with every criterion's certificate and certified columns taken from the
+        kernel-path convention (``path_cert_*``, ``path_certified_*``: near ties of the model's dtype
+        count as ties), so that every function reading ``cert_*``/``certified_*`` reports that
+        convention. Tree columns stay as they are (exact ties). Raises ``KeyError`` when the traces
+        were harvested without the kernel-path columns (before they existed)."""
+        names = self.table.column_names
+        swapped = [n for n in names if n.startswith(("cert_fwd[", "cert_rev[", "certified_fwd[", "certified_rev["))]
+        missing = [n for n in swapped if "path_" + n not in names]
+        if missing:
+            raise KeyError(f"the traces have no kernel-path column for {', '.join(missing[:3])}"
+                           f"{' ...' if len(missing) > 3 else ''}: harvest them again with this version")
+        keep = [n for n in names if not n.startswith("path_")]
+        table = pa.table({n: self.table.column("path_" + n if n in swapped else n) for n in keep})
+        return Traces(table, self.manifest)
+
+    def has_kernel_paths(self) -> bool:
+        """Whether :meth:`under_kernel_paths` can be used (the harvest stored the kernel-path columns)."""
+        return any(n.startswith("path_cert_fwd[") for n in self.table.column_names)
+
     # convenience ------------------------------------------------------------------------------
     def cert(self, criterion: str, divergence: str = "forward") -> np.ndarray:
         return self.column(column_name("cert", criterion, divergence))

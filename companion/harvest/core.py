@@ -257,7 +257,9 @@ def _settings(target: Any, drafter: Any | None, criteria: Sequence[str | Criteri
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     crits = parse_criteria(list(criteria))
     widths = [int(m) for m in tree_widths]
-    stats = StepStatistics(crits, widths, vocab=vocab, top_k=top_k)
+    # the kernel-path columns count near ties of the dtype the target computes its logits in
+    path_dtype = _dtype_name(next(target.parameters()).dtype) if hasattr(target, "parameters") else None
+    stats = StepStatistics(crits, widths, vocab=vocab, top_k=top_k, path_dtype=path_dtype)
     bsz = default_batch_size(device) if batch_size is None else int(batch_size)
     if bsz < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -69,8 +69,9 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
 
 
 def kept_columns(names: list[str]) -> list[str]:
-    """:data:`COLUMNS` and the forward certificates of every criterion and tree width, in the harvest's order."""
-    return [n for n in names if n in COLUMNS or n.startswith(("cert_fwd[", "tree_cert_fwd["))]
+    """:data:`COLUMNS` and the forward certificates of every criterion (both conventions: exact ties and
+    kernel paths) and tree width, in the harvest's order."""
+    return [n for n in names if n in COLUMNS or n.startswith(("cert_fwd[", "path_cert_fwd[", "tree_cert_fwd["))]
 
 
 def _cpu_flags() -> list[str]:
@@ -91,8 +92,9 @@ def _cpu_model() -> str:
     return next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "unknown")
 
 
-def _code_commit() -> str:
-    """``HEAD``'s commit, and the package's files that differ from it (so a reader can judge whether they matter)."""
+def _code_commit(outputs: Path | None = None) -> str:
+    """``HEAD``'s commit, and the package's files that differ from it (so a reader can judge whether they matter).
+    ``outputs``: the folder the caller is writing its results into, whose files are not counted."""
     here = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -102,6 +104,13 @@ def _code_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     changed = sorted(line[3:] for line in dirty if line.strip())
+    if outputs is not None:
+        try:
+            rel = Path(outputs).resolve().relative_to(here).as_posix().rstrip("/") + "/"
+        except ValueError:
+            rel = None
+        if rel is not None:
+            changed = [c for c in changed if not (c.rstrip("/") + "/").startswith(rel)]
     return head + (f" (uncommitted changes in {', '.join(changed)})" if changed else "")
 
 
@@ -129,7 +138,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
         "format": "companion-full-profile/1",
         "command": COMMAND,
         "harvest_command": "companion " + " ".join(PROFILE.harvest_argv(DEFAULT_RUN_DIR)),
-        "code_commit": _code_commit(),
+        "code_commit": _code_commit(outputs=data_dir),
         "prompt_set": {"name": harvest.get("prompt_set_name"), "sha256": config["prompt_set"]["digest"],
                        "n_prompts": config["prompt_set"]["n_prompts"]},
         "model": target.get("converted_from", {}).get("display_name", target["name"]),

@@ -72,6 +72,13 @@ SCHEMA: tuple[Column, ...] = (
            "by criterion c, whatever the tie-breaks (worst case: 0 for greedy on a top2_tie step); +inf when c "
            "rejects nothing."),
     Column("cert_rev[{spec}]", "float64", "criterion", False, "rho*_c(p) for D = KL(q||p) (reverse)."),
+    Column("path_cert_fwd[{spec}]", "float64", "criterion", False,
+           "rho*_c(p) under kernel paths: as cert_fwd[c], with two logits whose gap is within "
+           "companion.harvest.ties.tie_band(z(1)) of the model's dtype counted as tied (0 for greedy on a near "
+           "tie; thresholds that compare two probabilities move by that factor). Never above cert_fwd[c]: a draft "
+           "it certifies is accepted whichever kernel path (decode step, verification forward, batch) verifies it, "
+           "as far as the band covers the paths' differences."),
+    Column("path_cert_rev[{spec}]", "float64", "criterion", False, "The same for D = KL(q||p)."),
     Column("tree_cert_fwd[{m}]", "float64", "width", False,
            "Exact certificate, in KL(p||q), that g is among the drafter's top-m (greedy tree of width m)."),
     Column("tree_cert_rev[{m}]", "float64", "width", False, "The same in KL(q||p)."),
@@ -95,8 +102,12 @@ SCHEMA: tuple[Column, ...] = (
            "rank conditions, ties by token id as argmax: greedy iff draft_token == token, topm:M iff draft_rank <= M, "
            "topk-delta:K,D iff draft_rank <= K too."),
     Column("certified_fwd[{spec}]", "bool", "criterion", True,
-           "KL(p||q) < cert_fwd[c]: acceptance of d is certified. Soundness: certified implies accepted."),
+           "KL(p||q) < cert_fwd[c] (KL with its rounding bound): acceptance of d is certified. Soundness: "
+           "certified implies accepted."),
     Column("certified_rev[{spec}]", "bool", "criterion", True, "KL(q||p) < cert_rev[c]."),
+    Column("path_certified_fwd[{spec}]", "bool", "criterion", True,
+           "KL(p||q) < path_cert_fwd[c]: certified under kernel paths."),
+    Column("path_certified_rev[{spec}]", "bool", "criterion", True, "KL(q||p) < path_cert_rev[c]."),
     Column("covered[{m}]", "bool", "width", True,
            "The target's greedy token g (column token) is among the drafter's top-m, exact ties to the lowest id: "
            "token_rank_in_draft <= m (tree_cert_*[m] certifies it for every tie-break)."),

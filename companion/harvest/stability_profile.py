@@ -121,7 +121,7 @@ def export(run_root: Path, data_dir: Path = STABILITY_PROFILE_DIR, profile: Prof
                         "data_bytes": len(data), "_data": data})
         versions = {k: harvest["environment"]["versions"].get(k) for k in ("python", "torch", "transformers")}
     manifest = {"format": "companion-stability-profile/1", "command": COMMAND,
-                "code_commit": full_profile._code_commit(), **(shared or {}),
+                "code_commit": full_profile._code_commit(outputs=data_dir), **(shared or {}),
                 "cpu": {"model": full_profile._cpu_model(), "flags": full_profile._cpu_flags()},
                 "versions": versions,
                 "variants": [{k: e[k] for k in e if k != "_data"} for e in entries]}

@@ -30,15 +30,15 @@ exact ties is unspecified (on the CPU it does not follow ids), which the worst c
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-import math
-
 from companion.certify.certificates import certificates
-from companion.certify.precision import U64, gamma
+from companion.certify.precision import SIGNIFICAND_BITS, U64, gamma, tie_band_tensor
 from companion.certify.verdicts import kl_band
 from companion.certify.criteria import Criterion, index_rank, parse_criteria
 from companion.harvest.schema import column
@@ -61,11 +61,17 @@ class StepStatistics:
     ``logits_dtype``: whose kernel-path band counts as a tie in the certificate columns
     (:func:`~companion.certify.summary.summarize_partial`); ``"exact"`` (default): exact ties only,
     the paper's convention, whatever dtype the logits arrive in.
+    ``path_dtype``: the dtype the model computed its logits in (``"bfloat16"``, ``"float32"``...),
+    whose band the ``path_cert_*`` and ``path_certified_*`` columns count as ties; None: the dtype
+    of the logits tensor each call receives (float64: no band, the path columns equal the others).
     """
 
     def __init__(self, criteria: Sequence[str | Criterion], tree_widths: Sequence[int], *, vocab: int,
-                 top_k: int = DEFAULT_TOP, logits_dtype: str | None = "exact") -> None:
+                 top_k: int = DEFAULT_TOP, logits_dtype: str | None = "exact", path_dtype: str | None = None) -> None:
         self.logits_dtype = logits_dtype
+        if path_dtype is not None and path_dtype not in SIGNIFICAND_BITS:
+            raise ValueError(f"path_dtype must be one of {', '.join(SIGNIFICAND_BITS)} or None, got {path_dtype!r}")
+        self.path_dtype = path_dtype
         self.criteria: list[Criterion] = parse_criteria(list(criteria)) if criteria else []
         self.specs = [str(c) for c in self.criteria]
         if len(set(self.specs)) != len(self.specs):
@@ -117,6 +123,16 @@ class StepStatistics:
         for m in self.widths:
             for d in DIVERGENCES:
                 out[column("tree_cert", m, d)] = certs[(f"tree:{m}", d)]
+        # The kernel-path convention: the same summary with the band of the model's dtype.
+        dtype = self.path_dtype or str(logits_p.dtype).removeprefix("torch.")
+        if self.criteria and dtype != "float64" and dtype in SIGNIFICAND_BITS:
+            band = tie_band_tensor(s.top_logits[:, 0], dtype)
+            path = certificates(logits_p, self.criteria, DIVERGENCES, from_logits=True, summary=replace(s, band=band))
+        else:
+            path = certs
+        for spec in self.specs:
+            for d in DIVERGENCES:
+                out[column("path_cert", spec, d)] = path[(spec, d)]
         out["_summary"] = s  # type: ignore[assignment]
         return out
 
@@ -151,6 +167,7 @@ class StepStatistics:
             out[column("accepted", spec)] = accepted
             for d, kl in ((FORWARD, kl_fwd + band_fwd), (REVERSE, kl_rev + band_rev)):
                 out[column("certified", spec, d)] = kl < target_cols[column("cert", spec, d)]
+                out[column("path_certified", spec, d)] = kl < target_cols[column("path_cert", spec, d)]
         for m in self.widths:
             out[column("covered", m)] = rank_in_draft <= m
             for d, kl in ((FORWARD, kl_fwd + band_fwd), (REVERSE, kl_rev + band_rev)):
