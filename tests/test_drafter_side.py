@@ -624,10 +624,12 @@ def test_full_vocabulary() -> None:
     out = drafter_certificates(logits, specs, tree_widths=[2, 8], from_logits=True)
     q = torch.softmax(logits.double(), -1)
     s = q.sort(-1, descending=True)
-    torch.testing.assert_close(out["greedy"], -torch.log1p(-(s.values[:, 0].sqrt() - s.values[:, 1].sqrt()) ** 2),
-                               rtol=1e-6, atol=1e-12)
-    torch.testing.assert_close(out["topm:4"], tree_certificate(q, 4, "reverse"), rtol=1e-6, atol=1e-12)
-    torch.testing.assert_close(out["tree:8"], per_token_cost(q, s.indices[:, 8], "reverse"), rtol=1e-6, atol=1e-12)
+    # float32 logits: every certificate lowered by the normaliser's bound (relative ~1.5e-6 at this V), never above
+    exact = {"greedy": -torch.log1p(-(s.values[:, 0].sqrt() - s.values[:, 1].sqrt()) ** 2),
+             "topm:4": tree_certificate(q, 4, "reverse"), "tree:8": per_token_cost(q, s.indices[:, 8], "reverse")}
+    for key, want in exact.items():
+        assert bool((out[key] <= want * (1 + 1e-12) + 1e-15).all()), (key, (out[key] - want).tolist())
+        torch.testing.assert_close(out[key], want, rtol=2e-6, atol=1e-12)
     for key, val in out.items():
         assert val.shape == (4,) and bool(torch.isfinite(val).all()), key
     # The library normalises float32 logits with a float32 tail sum (relative error ~1e-7 on

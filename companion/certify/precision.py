@@ -14,12 +14,11 @@ any number of threads), is off by at most ``gamma_{s-1} sum |x_i|`` with
 ``gamma_k = k u / (1 - k u)`` (the classical bound of recursive summation holds for every
 binary summation tree, since no term passes through more than ``s - 1`` additions). For
 ``V = 151,936`` float32 terms that is ``9e-3`` of the sum: useless. The bound counts additions
-per term, so the engine controls the tree instead of the kernel: it adds the row's halves in
-float32 elementwise, :data:`DEPTH` times (each of ``V / 16`` partial sums a tree of depth 4 over
-16 terms: ``gamma_4 = 2.4e-7``), and the partial sums in float64 (``gamma_{V/16} < 1.1e-12``). A
-bound that holds for every kernel and thread count, at about the cost of one float32 sum
-(measured: :mod:`benchmarks.bench_certificates`); summing every term in float64 instead costs
-several times as much.
+per term, so the engine bounds the count instead of trusting the kernel: it adds the row in
+float32 in ``V / 16`` partial sums of :data:`CHUNK` ``= 16`` terms each (``gamma_15 = 8.9e-7``,
+in any order), and the partial sums in float64 (``gamma_{V/16} < 1.1e-12``). A bound that holds
+for every kernel and thread count, at about 1.4 times the cost of a plain float32 sum; a pairwise
+tree of depth 4 (``gamma_4 = 2.4e-7``) cost 2.7 times, and summing every term in float64 more.
 
 **Terms.** From logits ``l`` the pass computes ``x_i = exp(d_i)``, ``d_i = l_i - l(1) <= 0``, in
 float32. The subtraction rounds ``d`` to within ``u |d_i|``, and ``exp`` is within
@@ -55,9 +54,8 @@ from torch import Tensor
 #: Unit roundoff of float32 and float64 (round to nearest).
 U32 = 2.0**-24
 U64 = 2.0**-53
-#: Depth of the float32 addition tree before the partial sums go to float64; ``CHUNK = 2^DEPTH`` terms.
-DEPTH = 4
-CHUNK = 2**DEPTH
+#: Terms of each float32 partial sum before the partial sums go to float64.
+CHUNK = 16
 #: Bound on the error of ``exp`` and ``log`` in float32, in units in the last place.
 EXP_ULPS = 2
 #: Explicit significand bits of the dtypes a model computes in.
@@ -80,11 +78,12 @@ def chunked_sum(x: Tensor) -> Tensor:
     """``sum_i x_i`` over the last axis of a 2-D tensor, float64 ``[N]``.
 
     float64 rows are summed as they are. Other rows (worked in float32): the first
-    ``m * CHUNK`` terms are viewed as ``CHUNK`` blocks of ``m`` and the blocks added pairwise,
-    halves onto halves, :data:`DEPTH` times in float32, so that each of the ``m`` partial sums is
-    a binary tree of depth ``DEPTH`` over ``CHUNK`` terms, whatever kernel adds two tensors; the
-    partial sums and the last ``< CHUNK`` terms are then added in float64.
-    :func:`chunked_sum_error` bounds the result's error.
+    ``m * CHUNK`` terms are viewed as ``CHUNK`` blocks of ``m`` and the blocks added onto each
+    other in float32 (one reduction over the block axis: each of the ``m`` partial sums adds
+    ``CHUNK`` terms, in whatever order the kernel takes), then the partial sums and the last
+    ``< CHUNK`` terms are added in float64. :func:`chunked_sum_error` bounds the result's error.
+    One read of the row and a write of ``1/CHUNK`` of it: measured at about 1.4 float32 sums, where
+    a pairwise tree of depth 4 (a third of the error bound) cost 2.7.
     """
     if x.dtype == torch.float64:
         return x.sum(-1)
@@ -95,26 +94,21 @@ def chunked_sum(x: Tensor) -> Tensor:
     rest = x[:, m * CHUNK:].sum(-1, dtype=torch.float64) if m * CHUNK < n else None
     if m == 0:
         return rest if rest is not None else torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    blocks = x[:, : m * CHUNK].reshape(x.shape[0], CHUNK, m)
-    half = CHUNK // 2
-    acc = blocks[:, :half] + blocks[:, half:]  # the one allocation; the later levels add in place
-    while half > 1:
-        half //= 2
-        acc = acc[:, :half].add_(acc[:, half : 2 * half])
-    total = acc[:, 0].sum(-1, dtype=torch.float64)
+    partial = x[:, : m * CHUNK].reshape(x.shape[0], CHUNK, m).sum(1)
+    total = partial.sum(-1, dtype=torch.float64)
     return total + rest if rest is not None else total
 
 
 def chunked_sum_error(n: int, dtype: torch.dtype) -> float:
     """Relative bound (of ``sum |x_i|``) on the error of :func:`chunked_sum` over ``n`` terms of ``dtype``.
 
-    float64: ``gamma_{n-1}`` (any order). Otherwise each term passes through :data:`DEPTH`
-    float32 additions (``gamma_DEPTH``) and the float64 sum of at most ``n / CHUNK + CHUNK``
-    numbers (``gamma`` of that count in float64)."""
+    float64: ``gamma_{n-1}`` (any order). Otherwise each term passes through at most ``CHUNK - 1``
+    float32 additions (``gamma_{CHUNK-1}``, any order) and the float64 sum of at most
+    ``n / CHUNK + CHUNK`` numbers (``gamma`` of that count in float64)."""
     if dtype == torch.float64:
         return gamma(max(n - 1, 0), U64)
     parts = n // CHUNK + CHUNK
-    return gamma(DEPTH, U32) * (1 + gamma(parts, U64)) + gamma(parts, U64)
+    return gamma(CHUNK - 1, U32) * (1 + gamma(parts, U64)) + gamma(parts, U64)
 
 
 def xlog_bound(total: Tensor, n: Tensor | int) -> Tensor:

@@ -374,11 +374,13 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
     # from the OS each time): the entropy's log (probabilities); d, x and the tail clamp (logits).
     buf: list[Tensor] = []
 
-    def scratch(i: int, like: Tensor) -> Tensor:
+    def scratch(i: int, like: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """Buffer ``i``, of ``like``'s shape and dtype (or ``dtype``), reused across tiles."""
+        dtype = like.dtype if dtype is None else dtype
         while len(buf) <= i:
             buf.append(torch.empty(0))
-        if buf[i].shape[0] < like.shape[0] or buf[i].shape[1:] != like.shape[1:] or buf[i].dtype != like.dtype:
-            buf[i] = torch.empty_like(like)
+        if buf[i].shape[0] < like.shape[0] or buf[i].shape[1:] != like.shape[1:] or buf[i].dtype != dtype:
+            buf[i] = torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf[i][: like.shape[0]]
 
     def tile(rows: Tensor, *args: Tensor) -> Tensor:
@@ -387,7 +389,7 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
         if shift is None:
             x = rows
             ks = args
-            cols = [_tail_sum(x, kth.to(x.dtype), s) for s, kth in zip(splits, ks)]
+            cols = [_tail_sum(x, kth.to(x.dtype), s, out=scratch(1, x)) for s, kth in zip(splits, ks)]
         else:
             work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
             d = torch.sub(work, args[0].unsqueeze(1).to(work.dtype), out=scratch(0, work))
