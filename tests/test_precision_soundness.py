@@ -263,3 +263,16 @@ def test_typical_entropy_interval_contains_the_exact_entropy(dtype: torch.dtype)
             p = exact_probs(x[i], from_logits)
             h = -math.fsum(float(a) * math.log(a) for a in p if a > 0)
             assert abs(float(s.entropy[i]) - h) <= float(s.entropy_err[i]), (from_logits, i, float(s.entropy[i]), h)
+
+
+def test_a_gap_of_exactly_the_band_is_a_tie() -> None:
+    """bfloat16 logits two ulps apart (20 and 19.75: the band at 20) count as tied, whatever the
+    rounding of p(1) / p(2); three ulps apart they do not."""
+    from companion.harvest.ties import near_ties
+
+    for second, tied in ((19.75, True), (19.625, False)):
+        logits = torch.full((1, 512), -4.0, dtype=torch.bfloat16)
+        logits[0, 0], logits[0, 1] = 20.0, second
+        cert = float(cp.certificates(logits, ["greedy"], ("forward",), from_logits=True)[("greedy", "forward")])
+        assert bool(near_ties(np.array([20.0]), np.array([20.0 - second]), "bfloat16")[0]) == tied
+        assert (cert == 0.0) == tied, (second, cert)

@@ -117,6 +117,13 @@ def below(t: Tensor) -> Tensor:
     return torch.nextafter(t, torch.full_like(t, -torch.inf))
 
 
+def band_factor(band: Tensor) -> Tensor:
+    """``e^b``, nudged up by 1e-12 where ``b > 0``: a gap of exactly ``b`` between two logits (bfloat16
+    logits often sit exactly two ulps apart) is a near tie, whatever the float64 rounding of the
+    two probabilities' ratio."""
+    return torch.where(band > 0, torch.exp(band) * (1 + 1e-12), torch.ones_like(band))
+
+
 def additive_guard(s: TopSummary, delta: float, tau: Tensor) -> Tensor:
     """:meth:`AdditiveRelaxed.guard` for threshold ``p(1) - delta`` (``tau``: the unguarded ``tau_worst``)."""
     # The kernel-path band is not applied to an absolute threshold: it bounds how far two logits'
@@ -190,7 +197,7 @@ class Criterion(ABC):
         ``e^b``: ``tau e^b``. A near tie (top-2 logit gap within ``b``) thus counts as a tie.
         Criteria with an absolute threshold (additive, top-k-delta, typical) override this.
         """
-        return tau if s.band is None else tau * torch.exp(s.band)
+        return tau if s.band is None else tau * band_factor(s.band)
 
     @staticmethod
     def _value_slack(s: TopSummary) -> Tensor | float:
@@ -428,7 +435,7 @@ class TopKDelta(Criterion):
         """The rank part as :meth:`Criterion.guard`, the threshold part as :meth:`AdditiveRelaxed.guard`."""
         rank = order_statistic(s, self.k + 1)
         if s.band is not None:
-            rank = rank * torch.exp(s.band)
+            rank = rank * band_factor(s.band)
         return torch.maximum(rank, additive_guard(s, self.delta, tau))
 
     def __str__(self) -> str:
