@@ -19,7 +19,10 @@
    a pass of its own (the summary handed in without one, so the certificates add the pass over
    the rows that need it: how it was computed before it was fused) against the default, where
    the entropy is summed in the pass that already reads every row. Both are measured here.
-2. The speed-up over the SLSQP brute-force oracle at V = 1000: one oracle solve of the boundary
+2. The price of soundness: on 32 of the LM-like rows in float32 and bfloat16, as probabilities
+   and as logits, how far below the float64 certificate of the same input each certificate lies
+   (relative; the engine lowers every certificate by its rounding bound, never above). Aim: < 1e-6.
+3. The speed-up over the SLSQP brute-force oracle at V = 1000: one oracle solve of the boundary
    token's cost (the cheapest possible oracle call) against the engine's per-row time.
 """
 from __future__ import annotations
@@ -112,6 +115,40 @@ def ratio_table(logits: torch.Tensor, repeats: int, title: str, *, from_logits: 
     return rows
 
 
+def price_table(logits: torch.Tensor) -> float:
+    """The price of soundness: how far below the certificate of the same input computed in float64
+    (the library's float64 path, exact to ~1e-15 relative) each certificate of the float32 and
+    bfloat16 input lies, relative, worst over rows and both divergences; never above (checked).
+    Exact ties only (``logits_dtype="exact"``), so that only rounding, not the kernel-path band,
+    is priced. Returns the worst price."""
+    print(f"\nprice of soundness on LM-like rows {tuple(logits.shape)}: (float64 - computed) / float64, worst row")
+    print(f"{'criterion':<22}" + "".join(f"{f'{dt} {w}':>20}" for dt in ("float32", "bfloat16") for w in ("p", "logits")))
+    worst_all = 0.0
+    cols: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
+    for dt in (torch.float32, torch.bfloat16):
+        for from_logits in (False, True):
+            x64 = logits.double() if from_logits else torch.softmax(logits.double(), -1)
+            x = x64.to(dt)
+            kw = {"logits_dtype": "exact"} if from_logits else {}
+            got = certificates(x, CRITERIA, ("forward", "reverse"), from_logits=from_logits, **kw)
+            # the input as given, normalised exactly (float64; a bfloat16 row of p sums to 1 only within ~1e-3)
+            exact = x.double() if from_logits else x.double() / x.double().sum(-1, keepdim=True)
+            ref = certificates(exact, CRITERIA, ("forward", "reverse"), from_logits=from_logits)
+            col = {}
+            for key in got:
+                fin = torch.isfinite(ref[key]) & (ref[key] > 0)
+                if bool((got[key][fin] > ref[key][fin] * (1 + 1e-12)).any()):
+                    raise AssertionError(f"{key} ({dt}, {'logits' if from_logits else 'p'}): above the float64 certificate")
+                col[key] = float(((ref[key] - got[key]) / ref[key])[fin].max()) if bool(fin.any()) else 0.0
+            cols[(str(dt).removeprefix("torch."), "logits" if from_logits else "p")] = col
+    for spec in CRITERIA:
+        worst = {k: max(v[(spec, "forward")], v[(spec, "reverse")]) for k, v in cols.items()}
+        worst_all = max(worst_all, *worst.values())
+        print(f"{spec:<22}" + "".join(f"{worst[k]:>20.2e}" for k in cols))
+    print(f"worst price {worst_all:.2e}: aim < 1e-6 {'met' if worst_all < 1e-6 else 'NOT met'}")
+    return worst_all
+
+
 def oracle_speedup(vocab: int = 1000, rows: int = 256) -> None:
     from companion.certify.oracle import brute_force_cost, rejected_tokens
 
@@ -154,6 +191,7 @@ def main() -> None:
     print(f"LM-like worst {worst:.2f} passes ({spec}): goal <= 1.5 {'met' if worst <= 1.5 else 'NOT met'}")
     spec, worst_flat = max(flat, key=lambda r: r[1])
     print(f"flat rows worst {worst_flat:.2f} passes ({spec}): goal <= 3 {'met' if worst_flat <= 3 else 'NOT met'}")
+    price_table(lm_logits[:32])
     if not args.skip_oracle:
         oracle_speedup()
 
