@@ -277,6 +277,19 @@ def test_the_full_profiles_time_is_the_manifests() -> None:
 PAGE = ROOT / "book" / "beyond_one_machine.md"
 
 
+def test_the_beyond_one_machine_rate_is_the_full_profiles() -> None:
+    """The page's measured rate (steps, seconds, minutes, steps a second) is the committed run's manifest."""
+    import json
+
+    from companion.harvest import full_profile
+
+    m = json.loads(full_profile.MANIFEST_FILE.read_text(encoding="utf-8"))
+    text = " ".join(PAGE.read_text(encoding="utf-8").split())
+    wall, rows = float(m["wall_s"]), int(m["rows"])
+    assert (f"harvested {rows:,} steps in {wall:,.0f} s ({round(wall / 60)} minutes), "
+            f"{rows / wall:.1f} steps a second") in text
+
+
 @pytest.mark.parametrize("argv", commands(PAGE.read_text(encoding="utf-8")), ids=lambda a: " ".join(a)[:60])
 def test_the_beyond_one_machine_commands_parse(argv: list[str]) -> None:
     """The page's torchrun / accelerate commands run `companion harvest` with options it has, on the paper preset."""

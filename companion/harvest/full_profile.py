@@ -170,7 +170,7 @@ def export(run_dir: Path, data_dir: Path = FULL_PROFILE_DIR) -> dict[str, Any]:
 
 
 def recorded_time(data_dir: Path = FULL_PROFILE_DIR) -> str:
-    """How long the committed run took, from its manifest: ``"41 minutes on 2 threads"``; ``"unknown"``
+    """How long the committed run took, from its manifest: ``"23 minutes on 2 threads"``; ``"unknown"``
     without a readable manifest."""
     try:
         manifest = json.loads((data_dir / MANIFEST_FILE.name).read_text(encoding="utf-8"))
