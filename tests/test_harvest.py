@@ -420,6 +420,22 @@ def test_a_harvest_with_other_columns_is_another_configuration(pair, tmp_path) -
         harvest(target, drafter, tok, TEXTS[:2], tmp_path / "old", n_steps=2, progress=False)
 
 
+def test_a_harvest_by_other_engine_code_is_another_configuration(pair, tmp_path) -> None:
+    # The package's version does not change with a commit; the digest of the engine's sources does.
+    # A folder harvested by other certificate code is not resumed (rows of two programs).
+    from companion.harvest import store
+
+    target, drafter, tok = pair
+    first = harvest(target, drafter, tok, TEXTS[:2], tmp_path / "old", n_steps=2, progress=False)
+    assert first["config"]["software"]["engine"] == store.engine_digest()
+    manifest = json.loads((tmp_path / "old" / "manifest.json").read_text())
+    manifest["config"]["software"]["engine"] = "0" * 64
+    manifest["config_digest"] = store.config_digest(manifest["config"])
+    (tmp_path / "old" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(HarvestConfigError, match="software"):
+        harvest(target, drafter, tok, TEXTS[:2], tmp_path / "old", n_steps=2, progress=False)
+
+
 def _damage(path: Path, how: str) -> None:
     data = bytearray(path.read_bytes())
     if how == "truncate":

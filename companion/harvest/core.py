@@ -330,7 +330,8 @@ def _run_config(target: Any, drafter: Any | None, tokenizer: Any, plist: list[Pr
         "columns": columns,
         # Numerics depend on these: a resume under other versions, thread counts or hardware would
         # mix rows of two programs.
-        "software": {k: versions[k] for k in ("companion", "torch", "transformers")},
+        "software": {**{k: versions[k] for k in ("companion", "torch", "transformers")},
+                     "engine": store.engine_digest()},
         "numerics": store.numerics_record(target.device),
     }
 

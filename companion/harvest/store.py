@@ -65,6 +65,24 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+# The source files whose code computes a harvest's columns: the certificate engine and the step statistics.
+_ENGINE_SOURCES = ("certify/*.py", "harvest/stats.py", "harvest/schema.py", "harvest/decode.py")
+
+
+def engine_digest() -> str:
+    """sha256 of the sources that compute a harvest's columns (:data:`_ENGINE_SOURCES`, in name order).
+
+    The package's version number does not change with every commit, so a harvest records this too:
+    a folder harvested by other code is another configuration (not resumed, and the chapters'
+    shared cache harvests afresh) instead of rows of two programs mixed in one folder."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for pattern in _ENGINE_SOURCES:
+        for path in sorted(root.glob(pattern)):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
     """sha256 (hex) of a file's bytes."""
     h = hashlib.sha256()
