@@ -302,13 +302,19 @@ _INTERRUPTED = textwrap.dedent("""
 """)
 
 
+def _hear_ctrl_c() -> None:
+    """A shell without job control starts background commands with SIGINT ignored, and Python then never
+    raises KeyboardInterrupt: give the child the default disposition, as a terminal would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_fetch_is_one_line_exit_130_and_cleans_up(model, tmp_path) -> None:
     src, root, _ = model
     data = {**src.__dict__, "parts": [list(p.__dict__.values()) for p in src.parts],
             "tokens": [src.tokens.eos, src.tokens.pad, src.tokens.bos, list(src.tokens.stop)]}
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, json.dumps(data)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_hear_ctrl_c)
     try:
         assert proc.stdout.readline().strip() == "converting"
         assert _left(root), "the partial conversion and the download are there while it runs"
@@ -555,7 +561,7 @@ def _alive(pid: int) -> bool:
 def test_the_pip_child_dies_with_its_parent(tmp_path, how) -> None:
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(pid_file)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_hear_ctrl_c)
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
