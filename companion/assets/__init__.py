@@ -25,3 +25,7 @@ FULL_PROFILE_DIR: Path = Path(__file__).resolve().parent / "full_profile"
 
 #: Folder of the stability profile's committed per-step summaries and manifest (:mod:`companion.harvest.stability_profile`).
 STABILITY_PROFILE_DIR: Path = Path(__file__).resolve().parent / "stability_profile"
+
+#: Folder of the committed kernel-path measurements, ``<preset>.json`` (``benchmarks/measure_kernel_paths.py``,
+#: read by :mod:`companion.harvest.kernel_paths`).
+KERNEL_PATHS_DIR: Path = Path(__file__).resolve().parent / "kernel_paths"

@@ -40,8 +40,9 @@ terms are the data themselves: only the clamp and the summation round.
 decode step, a ``k+1``-token verification forward, one forward over a whole prefix). In
 bfloat16 and float16 they differ by an ulp or two of the logits, and a greedy token whose top-2
 gap is within that may differ between paths: :func:`tie_band` is the gap under which two logits
-count as tied (:data:`TIE_ULPS` ulps of the larger; see :mod:`companion.harvest.ties` for how it
-was measured). It is an allowance measured on the book's models, not a theorem.
+count as tied (:data:`TIE_ULPS` ulps of the larger; :mod:`companion.harvest.ties` gives the argument,
+:mod:`companion.harvest.kernel_paths` the measurement on the default pair's four kernel paths). It is
+an allowance measured on the book's models, not a theorem.
 """
 from __future__ import annotations
 

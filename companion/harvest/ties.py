@@ -7,9 +7,9 @@ greedy tokens where the two largest logits are nearly equal. A certificate promi
 under every path a decoder may take, so the certificates of bfloat16 and float16 logits (and of
 float32 copies declared as such, ``logits_dtype="bfloat16"``) count such a step as a tie, the
 worst case: strict greedy's certificate is 0 there
-(:func:`companion.certify.summary.summarize_partial`). The harvest's certificate columns keep the
-paper's convention, exact ties only (:class:`companion.harvest.stats.StepStatistics`), and the
-band is then applied where a chapter asks how many steps it touches.
+(:func:`companion.certify.summary.summarize_partial`). The harvest stores both conventions: the
+paper's, exact ties only (``cert_*``), and the kernel-path one (``path_cert_*``)
+(:class:`companion.harvest.stats.StepStatistics`).
 
 **The band.** A logit ``z`` that a model returns in a floating dtype with ``b`` explicit
 significand bits is the rounding of a float32 accumulation; the spacing of that dtype at ``z``
@@ -19,8 +19,12 @@ rounding alone can reverse the order of two logits only when their gap is at mos
 the larger. The hidden state the output head reads is rounded at every layer too, in each
 path's own order, which moves the logits further; we allow a second ulp for it. A step is a
 *near tie* when ``z(1) - z(2) <= TIE_ULPS * ulp(z(1))``, ``TIE_ULPS = 2``. That second ulp is an
-allowance, not a theorem: chapter 8 checks it on every step where the harvest and transformers'
-assisted generation chose differently, and says so if any lies outside the band.
+allowance, not a theorem. It is measured: :mod:`companion.harvest.kernel_paths` reads the default
+pair's answers along four kernel paths (batch-1 decode, verification forwards, one forward over the
+whole text, a left-padded batch) and sizes every flip's gap (``benchmarks/measure_kernel_paths.py``,
+the committed record checked by ``tests/test_kernel_paths.py``, shown in chapter 7); chapter 8
+checks it again on every step where the harvest and transformers' assisted generation chose
+differently.
 """
 from __future__ import annotations
 
