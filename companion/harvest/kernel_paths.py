@@ -21,6 +21,7 @@ these paths exactly when every flip's gaps, on both sides, are within that band.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -225,7 +226,8 @@ class BandCheck:
     """What the measurement says of a band of ``band_ulps``."""
 
     steps: int
-    flips: int
+    flips: int  # (pair of paths, step) with different greedy tokens
+    flip_steps: int  # distinct steps with a flip between some pair
     widest_flip_ulps: float  # the largest top-2 gap, either side, at any flip (0 when no flip)
     band_ulps: float
     within_band: int  # steps whose gap (on the decode path) is within the band
@@ -241,7 +243,8 @@ def band_check(paths: dict[str, PathRows], dtype: str, band_ulps: float = TIE_UL
     flips, _ = compare(paths, dtype)
     widest = max((f.widest for f in flips), default=0.0)
     near = int(np.sum(gap_ulps(paths["decode"], dtype) <= band_ulps)) if "decode" in paths else 0
-    return BandCheck(steps=len(next(iter(paths.values())).token), flips=len(flips), widest_flip_ulps=widest,
+    return BandCheck(steps=len(next(iter(paths.values())).token), flips=len(flips),
+                     flip_steps=len({f.step for f in flips}), widest_flip_ulps=widest,
                      band_ulps=float(band_ulps), within_band=near,
                      outside=sum(1 for f in flips if f.widest > band_ulps))
 
@@ -272,14 +275,39 @@ def band_sentence(check: BandCheck) -> str:
     if check.flips == 0:
         return (head + "no two paths chose different greedy tokens: the measurement has no flip to size the band "
                 f"by, and the band of {_ulps(check.band_ulps)} rests on the rounding argument alone.")
-    flips = f"{check.flips} flip" + ("" if check.flips == 1 else "s")
+    flips = (f"{check.flips} flip" + ("" if check.flips == 1 else "s") + " between two paths (on "
+             + (f"{check.flip_steps} steps)" if check.flip_steps != 1 else "1 step)"))
     if not check.covers:
-        return (head + f"{check.outside} of the {flips} between paths lie at a top-2 gap beyond the band of "
+        return (head + f"{check.outside} of the {flips} lie at a top-2 gap beyond the band of "
                 f"{_ulps(check.band_ulps)} (the widest at {_ulps(check.widest_flip_ulps)}): the band does not cover "
                 "this pair's kernel paths, and a kernel-path certificate can promise a token another path rejects.")
     if check.widest_flip_ulps == check.band_ulps:
-        return (head + f"every one of the {flips} between paths lay at a top-2 gap of at most "
+        return (head + f"every one of the {flips} lay at a top-2 gap of at most "
                 f"{_ulps(check.widest_flip_ulps)} on both paths: at the band's edge, covered with no margin.")
-    return (head + f"every one of the {flips} between paths lay at a top-2 gap of at most "
+    return (head + f"every one of the {flips} lay at a top-2 gap of at most "
             f"{_ulps(check.widest_flip_ulps)} on both paths, inside the band of {_ulps(check.band_ulps)} with a "
             f"margin of {_ulps(check.band_ulps - check.widest_flip_ulps)}.")
+
+
+def margin_sentence(paths: dict[str, PathRows], dtype: str, band_ulps: float = TIE_ULPS) -> str:
+    """Whether the band also covers how far the top-2 gap moved between paths, and what a wider one would cost.
+
+    A flip needs the gap to cross 0 between two paths, so the largest move of the gap (same two
+    tokens, :func:`compare`) bounds the gap at which one was possible on these steps. Where that
+    move reaches the band, the sentence names the band ``ceil(move) + 1`` that would leave one ulp
+    of margin, and the share of steps it would count as ties against the band's.
+    """
+    flips, moves = compare(paths, dtype)
+    widest_flip = max((f.widest for f in flips), default=0.0)
+    move = max((m["gap_max"] for m in moves.values()), default=0.0)
+    gaps = gap_ulps(paths["decode"], dtype)
+    share = float(np.mean(gaps <= band_ulps))
+    if move < band_ulps and widest_flip < band_ulps:
+        return (f"Between any two paths the top-2 gap moved by at most {_ulps(move)}, less than the band too: "
+                f"the band of {_ulps(band_ulps)} holds with a margin on these steps ({share:.1%} of them near ties).")
+    wider = float(math.ceil(max(move, widest_flip)) + 1)
+    wider_share = float(np.mean(gaps <= wider))
+    return (f"Between two paths the top-2 gap moved by up to {_ulps(move)}, so on these steps a flip at a gap of "
+            f"up to {_ulps(max(move, widest_flip))} cannot be ruled out, and the band of {_ulps(band_ulps)} has no "
+            f"margin: one of {_ulps(wider)} would, at the price of counting {wider_share:.1%} of the steps as ties "
+            f"instead of {share:.1%}.")
