@@ -37,6 +37,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _mpmath_precision(request: pytest.FixtureRequest):
+    """Every test runs its mpmath oracle at its module's ``MP_DPS`` digits (60 when it names none).
+
+    A module-level ``mpmath.mp.dps = N`` is global: under pytest-xdist every module of a worker is
+    imported before any test runs, so the last one imported set the precision for all of them (an
+    oracle at 40 digits lost 8 of the 33 it needs at a one-ulp gap, and a correct certificate failed
+    against it)."""
+    import mpmath
+
+    with mpmath.workdps(getattr(request.module, "MP_DPS", 60)):
+        yield
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test (CPU float reductions depend on the count; subprocesses use one)."""

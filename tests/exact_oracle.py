@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import mpmath
 
-mpmath.mp.dps = 60
+# Precision: the calling test module's MP_DPS (60 by default), set per test by conftest.py.
 
 
 def _rank_limit(spec: str) -> int | None:

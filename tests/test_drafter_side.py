@@ -37,6 +37,8 @@ from companion.certify.summary import normalized_probabilities
 from companion.certify.targets import random_targets
 from tests.conftest import sweep_size
 
+MP_DPS = 50  # digits of this module's mpmath oracles (set per test by conftest.py)
+
 SPECS = [
     "greedy",
     "topm:2",
@@ -417,7 +419,6 @@ def test_typical_is_clamped_at_zero() -> None:
 def test_greedy_near_ties_match_mpmath() -> None:
     """The strict-greedy certificate at relative gaps q(1)/q(2) - 1 down to 1e-15: relative error
     <= 1e-12 against mpmath (the old pooled form lost about 1e-16 / gap)."""
-    mpmath.mp.dps = 50
     checked = 0
     for base in (0.4, 0.3, 0.05, 1e-3):
         for rel_gap in (1e-1, 1e-4, 1e-8, 1e-12, 1e-15):

@@ -18,7 +18,7 @@ from companion.certify.criteria import AdditiveRelaxed, MultiplicativeRelaxed, S
 V = 151_936
 SPECS = ["greedy", "additive:0.3", "multiplicative:0.1", "topm:4", "topk-delta:10,0.6", "typical:0.09,0.3",
          "multiplicative:0.001", "typical:0.5,0.9"]
-mpmath.mp.dps = 40
+MP_DPS = 40  # digits of this module's mpmath oracle (set per test by conftest.py)
 
 
 def _tau(p: np.ndarray, s: np.ndarray, c) -> float:

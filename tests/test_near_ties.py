@@ -18,7 +18,7 @@ from companion import certificate, certificates, tree_certificate
 from companion.certify.bounds import margin_quadratic_bound, pair_cost, two_point_bound
 from companion.certify.targets import random_targets
 
-mp.mp.dps = 60
+MP_DPS = 60  # digits of this module's mpmath oracle (set per test by conftest.py)
 
 
 def exact_pair(a: float, b: float):

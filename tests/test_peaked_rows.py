@@ -33,7 +33,7 @@ from companion import certificate, certificates, parse_criterion, tree_certifica
 from companion.certify.criteria import AdditiveRelaxed, MultiplicativeRelaxed, StrictGreedy, TopKDelta, TopM, Typical
 from companion.certify.summary import summarize
 
-mp.mp.dps = 80
+MP_DPS = 80  # digits of this module's mpmath oracle (set per test by conftest.py)
 INF = mp.inf
 SPECS = ["greedy", "additive:0.3", "multiplicative:0.1", "multiplicative:1e-20", "topm:2", "topm:3",
          "topk-delta:3,0.6", "typical:0.09,0.3", "typical:0.5,0.9"]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from companion.certify.pooling import pooled_cost, reverse_tilt
 
-mpmath.mp.dps = 50
+MP_DPS = 60  # digits of this module's mpmath oracle and exact_oracle's (set per test by conftest.py)
 
 
 def _exact(p: list[mpmath.mpf], pool: list[bool], w: list[mpmath.mpf]) -> mpmath.mpf:

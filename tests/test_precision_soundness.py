@@ -26,7 +26,7 @@ from companion.certify.criteria import parse_criterion
 from companion.certify.precision import chunked_sum, chunked_sum_error, xlog2_bound, xlog_bound
 from tests.test_large_vocab import reference
 
-mpmath.mp.dps = 40
+MP_DPS = 40  # digits of this module's mpmath oracle (set per test by conftest.py)
 V = 151_936
 SPECS = ["greedy", "multiplicative:0.1", "topm:4", "additive:0.3", "typical:0.09,0.3"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
