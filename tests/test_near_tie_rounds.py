@@ -20,10 +20,10 @@ def test_ulp_is_torchs_spacing(dtype, z) -> None:
     assert ulp(t.item(), dtype) == spacing
 
 
-def test_the_band_is_two_ulps_and_holds_exact_ties() -> None:
-    assert tie_band(16.0, "bfloat16") == 0.25 and tie_band(12.0, "bfloat16") == 0.125
+def test_the_band_is_four_ulps_and_holds_exact_ties() -> None:
+    assert tie_band(16.0, "bfloat16") == 0.5 and tie_band(12.0, "bfloat16") == 0.25   # 4 ulps of 0.125, 0.0625
     z1 = np.array([16.0, 16.0, 16.0, 16.0])
-    gap = np.array([0.0, 0.125, 0.25, 0.375])
+    gap = np.array([0.0, 0.125, 0.5, 0.625])
     assert near_ties(z1, gap, "bfloat16").tolist() == [True, True, True, False]
 
 

@@ -224,8 +224,10 @@ def test_near_ties_of_bfloat16_are_ties() -> None:
     assert float(cp.certificates(f32, ["greedy"], "forward", from_logits=True)[("greedy", "forward")][0]) > 1e-4
     assert float(cp.certificates(f32, ["greedy"], "forward", from_logits=True,
                                  logits_dtype="bfloat16")[("greedy", "forward")][0]) == 0.0
-    # a gap of 4 ulps is outside the band: a positive certificate
-    logits[0, 501] = 19.5
+    # a gap of one ulp more than the band is outside it: a positive certificate
+    from companion.harvest.ties import TIE_ULPS
+
+    logits[0, 501] = 20.0 - (TIE_ULPS + 1) * 0.125
     assert float(cp.certificates(logits, ["greedy"], "forward", from_logits=True)[("greedy", "forward")][0]) > 0
 
 
@@ -266,11 +268,11 @@ def test_typical_entropy_interval_contains_the_exact_entropy(dtype: torch.dtype)
 
 
 def test_a_gap_of_exactly_the_band_is_a_tie() -> None:
-    """bfloat16 logits two ulps apart (20 and 19.75: the band at 20) count as tied, whatever the
-    rounding of p(1) / p(2); three ulps apart they do not."""
-    from companion.harvest.ties import near_ties
+    """bfloat16 logits TIE_ULPS ulps apart (20 and 19.5 for a band of 4: the band at 20, whose ulp
+    is 0.125) count as tied, whatever the rounding of p(1) / p(2); one ulp further they do not."""
+    from companion.harvest.ties import TIE_ULPS, near_ties
 
-    for second, tied in ((19.75, True), (19.625, False)):
+    for second, tied in ((20.0 - TIE_ULPS * 0.125, True), (20.0 - (TIE_ULPS + 1) * 0.125, False)):
         logits = torch.full((1, 512), -4.0, dtype=torch.bfloat16)
         logits[0, 0], logits[0, 1] = 20.0, second
         cert = float(cp.certificates(logits, ["greedy"], ("forward",), from_logits=True)[("greedy", "forward")])

@@ -119,7 +119,7 @@ def below(t: Tensor) -> Tensor:
 
 def band_factor(band: Tensor) -> Tensor:
     """``e^b``, nudged up by 1e-12 where ``b > 0``: a gap of exactly ``b`` between two logits (bfloat16
-    logits often sit exactly two ulps apart) is a near tie, whatever the float64 rounding of the
+    logits often sit exactly a whole number of ulps apart) is a near tie, whatever the float64 rounding of the
     two probabilities' ratio."""
     return torch.where(band > 0, torch.exp(band) * (1 + 1e-12), torch.ones_like(band))
 
@@ -127,8 +127,8 @@ def band_factor(band: Tensor) -> Tensor:
 def additive_guard(s: TopSummary, delta: float, tau: Tensor) -> Tensor:
     """:meth:`AdditiveRelaxed.guard` for threshold ``p(1) - delta`` (``tau``: the unguarded ``tau_worst``)."""
     # The kernel-path band is not applied to an absolute threshold: it bounds how far two logits'
-    # difference moves between paths (argmax flips), and as a factor on p(1) and p_y (2 ulps of the
-    # top logit, e^0.25 at z(1) = 25 in bfloat16) it would reject every token.
+    # difference moves between paths (argmax flips), and as a factor on p(1) and p_y (4 ulps of the
+    # top logit, e^0.5 at z(1) = 25 in bfloat16) it would reject every token.
     slack = Criterion._value_slack(s)
     if not isinstance(slack, Tensor):
         return tau

@@ -227,9 +227,10 @@ def compare_steps(a: pa.Table, b: pa.Table, dtype: str = "bfloat16", ulps: float
 
     Why these tolerances. Two runs of the same bfloat16 model on the same prefix compute the same
     real values along other kernel paths when the batch, the threads or the CPU differ; every
-    layer rounds to bfloat16 in its own order, so the logits move by a few ulps. The near-tie
-    band allows 2 (see :mod:`companion.harvest.ties`); measured here, batches of 16 against 32 on
-    one machine moved the top logit by at most 2 ulps over 107 steps. ``ulps = 4`` doubles that
+    layer rounds to bfloat16 in its own order, so the logits move by a few ulps. Measured here,
+    batches of 16 against 32 on one machine moved the top logit by at most 2 ulps over 107 steps,
+    and the kernel paths of :mod:`companion.harvest.kernel_paths` by at most 3 over 2,716.
+    ``ulps = 4`` (the near-tie band's width too, :mod:`companion.harvest.ties`) leaves room
     for other x86 CPUs (without bfloat16 instructions, other float32 accumulation orders). The
     probability follows from the logits: ``log p(1) = z(1) - logsumexp(z)``, and a shift of every
     logit by at most ``d`` moves ``logsumexp`` by at most ``d``, so ``log p(1)`` by at most ``2d``

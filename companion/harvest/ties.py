@@ -17,14 +17,17 @@ is ``ulp(z) = 2^(floor(log2 |z|) - b)`` (``b = 7`` for bfloat16, 10 for float16,
 Two paths that compute the same real value each round it to within ``ulp/2``, so the final
 rounding alone can reverse the order of two logits only when their gap is at most one ulp of
 the larger. The hidden state the output head reads is rounded at every layer too, in each
-path's own order, which moves the logits further; we allow a second ulp for it. A step is a
-*near tie* when ``z(1) - z(2) <= TIE_ULPS * ulp(z(1))``, ``TIE_ULPS = 2``. That second ulp is an
-allowance, not a theorem. It is measured: :mod:`companion.harvest.kernel_paths` reads the default
-pair's answers along four kernel paths (batch-1 decode, verification forwards, one forward over the
-whole text, a left-padded batch) and sizes every flip's gap (``benchmarks/measure_kernel_paths.py``,
-the committed record checked by ``tests/test_kernel_paths.py``, shown in chapter 7); chapter 8
-checks it again on every step where the harvest and transformers' assisted generation chose
-differently.
+path's own order, which moves the logits further, so the band cannot be derived from the last
+rounding alone: it is measured. :mod:`companion.harvest.kernel_paths` reads the default pair's
+answers along four kernel paths (batch-1 decode, verification forwards, one forward over the
+whole text, a left-padded batch; ``benchmarks/measure_kernel_paths.py``, the committed record
+checked by ``tests/test_kernel_paths.py``, shown in chapter 7). On its 2,716 bfloat16 steps every
+flip lay at a top-2 gap of at most 2 ulps, and the gap between the same two tokens moved by up
+to 3 ulps between two paths, so a flip at a gap of 3 ulps cannot be ruled out. A step is a
+*near tie* when ``z(1) - z(2) <= TIE_ULPS * ulp(z(1))``, ``TIE_ULPS = 4``: one ulp of margin over
+the widest move measured, two over the widest flip. It is an allowance sized on one pair and one
+CPU, not a theorem; chapter 8 checks it again on every step where the harvest and transformers'
+assisted generation chose differently.
 """
 from __future__ import annotations
 
