@@ -5,7 +5,9 @@ sequence and returns a :class:`SpeculativeResult` (tokens, forwards, per-round a
 lengths, timings). ``policy`` is a spec string (:data:`POLICY_FORMS`, parsed by
 :func:`parse_policy`): transformers' built-in schedules (``constant:K``, ``heuristic``,
 ``confidence:T``) and the calibrated cost rule (``certificate``, ``top1``, ``margin``).
-:func:`measure_costs` and :func:`modelled_cost` give the cost model, and
+:func:`measure_costs` and :func:`modelled_cost` give the cost model (:func:`measure_cost_samples`
+keeps every timing; :func:`committed_costs` and :func:`committed_wallclock` read the measurements
+committed for a preset), and
 :func:`hf_assisted_generate` runs transformers' own assisted generation under the same spec
 for a round-by-round comparison. :func:`compare_policies` runs the whole comparison (built-ins,
 calibrated rules, lossless check, paired bootstrap of cost ratios) and :func:`hf_agreement` the
@@ -26,9 +28,12 @@ from companion.speculative.compare import (
     greedy_step_logits,
     hf_agreement,
 )
+from companion.speculative.clock import committed_costs, committed_wallclock
 from companion.speculative.costs import (
     CostModel,
+    CostSamples,
     costs_from_results,
+    measure_cost_samples,
     measure_costs,
     modelled_cost,
 )
@@ -87,6 +92,9 @@ __all__ = [
     "Confidence",
     "Constant",
     "CostModel",
+    "CostSamples",
+    "committed_costs",
+    "committed_wallclock",
     "DraftStep",
     "Heuristic",
     "Policy",
@@ -98,6 +106,7 @@ __all__ = [
     "generate",
     "hf_assisted_generate",
     "hf_settings",
+    "measure_cost_samples",
     "measure_costs",
     "modelled_cost",
     "parse_policy",
