@@ -440,8 +440,13 @@ def _damage(path: Path, how: str) -> None:
     data = bytearray(path.read_bytes())
     if how == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
-    else:  # one byte in the middle of the file: inside a compressed data page
-        data[len(data) // 2] ^= 0xFF
+    else:  # one byte in the middle of the largest column chunk: inside a compressed data page (the
+        # middle of the file can be the footer's metadata, which page checksums do not cover)
+        import pyarrow.parquet as pq
+
+        group = pq.ParquetFile(path).metadata.row_group(0)
+        chunk = max((group.column(i) for i in range(group.num_columns)), key=lambda c: c.total_compressed_size)
+        data[chunk.data_page_offset + chunk.total_compressed_size // 2] ^= 0xFF
         path.write_bytes(bytes(data))
 
 

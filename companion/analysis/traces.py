@@ -146,6 +146,9 @@ class Traces:
         self.table = table
         self.manifest = dict(manifest) if manifest is not None else None
         self._cache: dict[str, np.ndarray] = {}
+        #: The kernel-path band per step (logit units) that tree certificates computed from the
+        #: stored top-k apply (:meth:`tree_cert`); set by :meth:`under_kernel_paths`, else None.
+        self.tree_band: np.ndarray | None = None
         names = table.column_names
         self.criteria: list[str] = [n[len("cert_fwd["):-1] for n in names if n.startswith("cert_fwd[")]
         self.tree_widths: list[int] = [int(n[len("tree_cert_fwd["):-1]) for n in names if n.startswith("tree_cert_fwd[")]
@@ -225,17 +228,35 @@ class Traces:
         """These traces with every criterion's certificate and certified columns taken from the
         kernel-path convention (``path_cert_*``, ``path_certified_*``: near ties of the model's dtype
         count as ties), so that every function reading ``cert_*``/``certified_*`` reports that
-        convention. Tree columns stay as they are (exact ties). Raises ``KeyError`` when the traces
-        were harvested without the kernel-path columns (before they existed)."""
+        convention. Tree columns are swapped too where the harvest stored their kernel-path versions
+        (``path_tree_cert_*``: every token within the band must be in the drafter's top ``m``); a
+        harvest made before those existed keeps its exact-ties tree columns. Raises ``KeyError`` when
+        the traces were harvested without the kernel-path columns (before they existed)."""
         names = self.table.column_names
-        swapped = [n for n in names if n.startswith(("cert_fwd[", "cert_rev[", "certified_fwd[", "certified_rev["))]
+        stems = ("cert_fwd[", "cert_rev[", "certified_fwd[", "certified_rev[")
+        if any(n.startswith("path_tree_cert_") for n in names):
+            stems += ("tree_cert_fwd[", "tree_cert_rev[", "tree_certified_fwd[", "tree_certified_rev[")
+        swapped = [n for n in names if n.startswith(stems)]
         missing = [n for n in swapped if "path_" + n not in names]
         if missing:
             raise KeyError(f"the traces have no kernel-path column for {', '.join(missing[:3])}"
                            f"{' ...' if len(missing) > 3 else ''}: harvest them again with this version")
         keep = [n for n in names if not n.startswith("path_")]
         table = pa.table({n: self.table.column("path_" + n if n in swapped else n) for n in keep})
-        return Traces(table, self.manifest)
+        out = Traces(table, self.manifest)
+        dtype = self._logits_dtype()
+        if "tree_cert_fwd[" in "".join(stems) and dtype is not None and "logit_top1" in names:
+            # widths the harvest did not store are computed from the top-k under the same band
+            from companion.harvest.ties import tie_band
+
+            out.tree_band = np.asarray(tie_band(self.column("logit_top1"), dtype), dtype=np.float64)
+        return out
+
+    def _logits_dtype(self) -> str | None:
+        """The dtype the target computed its logits in, as the manifest records it (None: unknown)."""
+        m = self.manifest or {}
+        dtype = (m.get("config") or {}).get("dtype") or m.get("dtype")
+        return str(dtype) if dtype else None
 
     def has_kernel_paths(self) -> bool:
         """Whether :meth:`under_kernel_paths` can be used (the harvest stored the kernel-path columns)."""
@@ -249,14 +270,16 @@ class Traces:
         return self.column(f"kl_{short_divergence(divergence)}")
 
     def tree_cert(self, m: int, divergence: str = "forward") -> np.ndarray:
-        """``rho_tree,m`` per step: the stored column, else from ``top_probs`` (:func:`tree_certificates_from_top`)."""
+        """``rho_tree,m`` per step: the stored column, else from ``top_probs`` (:func:`tree_certificates_from_top`,
+        under :attr:`tree_band` when set, so that every width follows the same tie convention)."""
         name = column_name("tree_cert", m, divergence)
         if self.has(name):
             return self.column(name)
         key = f"_computed:{name}"
         if key not in self._cache:
             tail = self.column("top_tail") if self.has("top_tail") else None
-            self._cache[key] = tree_certificates_from_top(self.column("top_probs"), m, divergence, tail=tail)
+            self._cache[key] = tree_certificates_from_top(self.column("top_probs"), m, divergence, tail=tail,
+                                                          band=self.tree_band)
         return self._cache[key]
 
 
@@ -549,7 +572,8 @@ def run_length_curves(traces: Traces, eps: Sequence[float] = tuple(EPS_GRID), cr
 
 
 def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = "forward",
-                               tail: np.ndarray | None = None, ties: str = "worst") -> np.ndarray:
+                               tail: np.ndarray | None = None, ties: str = "worst",
+                               band: np.ndarray | None = None) -> np.ndarray:
     """``rho_tree,m`` from the target's sorted top probabilities ``[N, k]``.
 
     The worst-case width-``m`` certificate (``ties="worst"``, the harvest's) pools ``p(1)`` with
@@ -559,7 +583,9 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
     which is what the harvest does on its full summary (equal bit for bit on the stored widths;
     tested). ``tail``: the mass beyond the stored values (the ``top_tail`` column); without it,
     ``1 - sum`` stands in, which loses the digits of reverse certificates above ~30 nats.
-    Level-set rows whose ``t + m`` exceeds the stored ``k`` get NaN.
+    Level-set rows whose ``t + m`` exceeds the stored ``k`` get NaN. ``band``: the kernel-path
+    band per row (logit units, :func:`companion.harvest.ties.tie_band` of the top logit), as the
+    harvest's ``path_tree_cert_*`` columns; ``None``: exact ties only.
     """
     top = np.asarray(top_probs, dtype=np.float64)
     if top.ndim != 2 or top.shape[1] < m + 1:
@@ -570,7 +596,8 @@ def tree_certificates_from_top(top_probs: np.ndarray, m: int, divergence: str = 
         return np.zeros(0)
     tail_t = None if tail is None else torch.tensor(np.asarray(tail, dtype=np.float64))
     div = "forward" if short_divergence(divergence) == "fwd" else "reverse"
-    cost, _ = tree_cost(torch.tensor(top), m, div, tail=tail_t, ties=ties)
+    band_t = None if band is None else torch.tensor(np.asarray(band, dtype=np.float64))
+    cost, _ = tree_cost(torch.tensor(top), m, div, tail=tail_t, ties=ties, band=band_t)
     return cost.numpy()
 
 

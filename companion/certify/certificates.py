@@ -449,8 +449,11 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     values, logs, tail = s.values, s.log_values(), s.tail_mass()
     zeros = torch.zeros_like(tail)
     out = {}
+    # under ties="worst", the kernel-path band (bfloat16/float16 logits) lets the decoder's token be
+    # any token within it of the top one (tree_pool)
+    band = s.band if ties == "worst" else None
     for div in divs:
-        pool_k, _, t, known = tree_pool(values, logs, m, div, ties)
+        pool_k, _, t, known = tree_pool(values, logs, m, div, ties, band)
         cost = round_down(cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div), s, div)
         infeasible = t + m > s.vocab
         redo = ~known & ~infeasible
@@ -459,6 +462,8 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
             sub_rows = idx if rows is None else rows.index_select(0, idx)
             need = int((t.index_select(0, idx) + m).max())
             wider = _wider_summary(flat, sub_rows, s, idx, from_logits, need)
+            if band is not None:
+                wider = replace(wider, band=band.index_select(0, idx))
             cost = cost.index_copy(0, idx, _tree_costs(wider, flat, sub_rows, m, [div], from_logits, ties)[div])
         out[div] = torch.where(infeasible, torch.full_like(cost, torch.inf), cost)
     return out
@@ -600,6 +605,10 @@ def tree_certificate(
     ``+inf`` where fewer than ``m`` tokens are not maximisers. Either way ``m = 1`` equals the
     strict-greedy certificate of the same convention on every row, exact ties included, and the
     two agree off ties (``p(1) > p(2)``). Tends to ``log(m + 1)`` (forward) as ``p(1) -> 1``.
+    Under ``"worst"``, logits computed in bfloat16 or float16 also count their near ties (the
+    kernel-path band, :func:`certificates`' ``logits_dtype``): the decoder's token may be any token
+    within the band of the top one, and the top ``m`` must hold every one
+    (:func:`companion.certify.costs.tree_pool`: 0 when more than ``m`` are).
     Raises for ``m >= V``.
     """
     check_ties(ties)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from companion.certify.criteria import Criterion, check_ties
+from companion.certify.criteria import Criterion, band_factor, check_ties
 from companion.certify.pooling import cost_of_pool, pool_levels
 from companion.certify.validation import check_divergence
 
@@ -84,7 +84,7 @@ def level_set_cost(values: Tensor, p_y: Tensor, n_above: Tensor, divergence: str
 
 
 def tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
-              ties: str = "worst") -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              ties: str = "worst", band: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The pooled set of the width-``m`` tree certificate over sorted values ``[N, K]``.
 
     ``t`` = the number of maximisers that must all lose: with ``ties="worst"`` the decoder's
@@ -93,10 +93,23 @@ def tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
     (positions ``t..t+m-1``), scanned from the lowest: pool all ``t`` maximisers with the
     ``j* = argmin_{1 <= j <= m} L_j`` lowest competitors (first minimum), extended over ties.
 
+    ``band`` (``ties="worst"`` only; per row, in log-probability units, ``None``: exact ties): the
+    kernel-path band. The decoder's token may then be any of the ``t`` tokens whose log-probability
+    lies within ``band`` of the top one (:func:`band_count`), and the cheapest to push out of the
+    drafter's top ``m`` is the least likely of them, ``p(t)``: the ``t - 1`` tokens above it already
+    outrank it, so only ``m - t + 1`` competitors below it are needed, ``p(t+1..m+1)``, and the pool
+    is ``p(t)`` with the ``j*`` lowest of those (a larger anchor or more competitors above it only
+    cost more: pooling a superset, or the same set with a larger member, costs at least as much).
+    With ``t = 1`` this is the ``"worst"`` pool; with ``t > m`` nothing need move (certificate 0),
+    and the pool is ``p(t)`` alone. Here ``t`` is returned as 1, the number of anchors pooled.
+
     Returns ``(pool_k, j_star, t, known)``; ``known`` is False on rows whose competitors do not
-    all lie within the ``K`` values given (``t + m > K``).
+    all lie within the ``K`` values given (``t + m > K``; with a band, ``m + 1 > K`` or the band
+    reaches the last value given).
     """
     n, k = values.shape
+    if check_ties(ties) == "worst" and band is not None:
+        return _band_tree_pool(values, logs, m, divergence, band)
     if check_ties(ties) == "worst":
         t = torch.ones(n, dtype=torch.long, device=values.device)
     else:
@@ -116,8 +129,44 @@ def tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
     return pool_k, j_star, t, known
 
 
+def band_count(values: Tensor, band: Tensor) -> Tensor:
+    """``t``: how many of the sorted values ``[N, K]`` lie within ``band`` (log units, per row) of the
+    largest, ``p(i) e^band >= p(1)``; a gap of exactly the band counts (:func:`band_factor` nudges the
+    factor up by 1e-12). Exact ties count too, so ``t >= 1``."""
+    return (values * band_factor(band).unsqueeze(1) >= values[:, :1]).sum(1).clamp(min=1)
+
+
+def _band_tree_pool(values: Tensor, logs: Tensor, m: int, divergence: str,
+                    band: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`tree_pool` under a kernel-path band: anchor ``p(t)``, competitors ``p(t+1..m+1)``."""
+    n, k = values.shape
+    dev = values.device
+    t = band_count(values, band)
+    known = (m + 1 <= k) & (t < k)
+    anchor = (t - 1).clamp(max=k - 1)
+    # competitor positions, lowest first: m, m-1, ..., 1; those above the anchor (< t) are not needed
+    pos = (m - torch.arange(m, device=dev)).clamp(max=k - 1).unsqueeze(0).expand(n, m)
+    asc_val, asc_log = values.gather(1, pos), logs.gather(1, pos)
+    a_val = values.gather(1, anchor.unsqueeze(1)).squeeze(1)
+    a_log = logs.gather(1, anchor.unsqueeze(1)).squeeze(1)
+    one = torch.ones(n, dtype=torch.long, device=dev)
+    score = pool_levels(a_val, a_log, one, asc_val, asc_log, divergence)
+    needed = (m - t + 1).clamp(min=0)                      # competitors that must come from below
+    jcol = torch.arange(m + 1, device=dev).unsqueeze(0)
+    score = torch.where((jcol == 0) | (jcol > needed.unsqueeze(1)), torch.full_like(score, torch.inf), score)
+    j_star = score.argmin(1)
+    highest = asc_val.gather(1, (j_star - 1).clamp(min=0).unsqueeze(1))
+    j_star = torch.minimum(torch.maximum(j_star, (asc_val <= highest).sum(1)), needed)
+    j_star = torch.where(needed > 0, j_star, torch.zeros_like(j_star))
+    jj = torch.arange(k, device=dev).unsqueeze(0)
+    lo = (m + 1 - j_star).unsqueeze(1)
+    pool_k = (jj == anchor.unsqueeze(1)) | ((jj >= lo) & (jj <= m))
+    return pool_k, j_star, one, known
+
+
 def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = None,
-              logs: Tensor | None = None, vocab: int | None = None, ties: str = "worst") -> tuple[Tensor, Tensor]:
+              logs: Tensor | None = None, vocab: int | None = None, ties: str = "worst",
+              band: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact greedy-tree certificate from sorted probabilities ``[N, K]`` (decreasing rows).
 
     ``ties="worst"`` (default): pools ``p(1)`` with the ``j*`` lowest of the competitors
@@ -128,7 +177,9 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
     of a reverse certificate above ~30 nats: pass the summary's tail); ``logs``: their logs
     (default ``log(values)``); ``vocab``: ``V``, to give ``+inf`` where fewer than ``m`` tokens
     are not maximisers. Rows whose ``t + m`` exceeds ``K`` (the values given do not reach the
-    ``m``-th competitor) get NaN. Returns ``(cost, j_star)``, ``j_star`` the competitors pooled.
+    ``m``-th competitor) get NaN. ``band`` (``"worst"`` only): the kernel-path band per row, in
+    log-probability units (:func:`tree_pool`). Returns ``(cost, j_star)``, ``j_star`` the
+    competitors pooled.
     """
     check_divergence(divergence)
     values = values.to(torch.float64)
@@ -137,7 +188,8 @@ def tree_cost(values: Tensor, m: int, divergence: str, *, tail: Tensor | None = 
     if tail is None:
         tail = torch.zeros_like(values[:, 0]) if vocab is not None and vocab <= values.shape[1] \
             else (1 - values.sum(1)).clamp(min=0)
-    pool_k, j_star, t, known = tree_pool(values, logs, m, divergence, ties)
+    pool_k, j_star, t, known = tree_pool(values, logs, m, divergence, ties,
+                                         None if band is None else band.to(torch.float64))
     zeros = torch.zeros_like(tail)
     cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), divergence)
     cost = torch.where(known, cost, torch.full_like(cost, torch.nan))

@@ -61,7 +61,8 @@ DATA_FILE: Path = FULL_PROFILE_DIR / "qwen2.5-coder-1.5b.parquet"
 MANIFEST_FILE: Path = FULL_PROFILE_DIR / "manifest.json"
 DEFAULT_RUN_DIR = Path("runs") / "full-profile-qwen2.5-coder-1.5b"
 COMMAND = "companion full-profile"
-#: Per-step columns kept (with every ``cert_fwd[...]`` and ``tree_cert_fwd[...]`` of the harvest).
+#: Per-step columns kept (with every ``cert_fwd[...]`` and ``tree_cert_fwd[...]`` of the harvest, and
+#: their kernel-path versions).
 COLUMNS: tuple[str, ...] = ("prompt_id", "prompt_tokens", "step", "token", "p_top1", "margin", "entropy",
                             "top10_mass", "top2_tie", "logit_top1", "logit_gap")
 #: CPU flags that choose the kernels a bf16 model runs on x86 (recorded, not required).
@@ -71,7 +72,8 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16",
 def kept_columns(names: list[str]) -> list[str]:
     """:data:`COLUMNS` and the forward certificates of every criterion (both conventions: exact ties and
     kernel paths) and tree width, in the harvest's order."""
-    return [n for n in names if n in COLUMNS or n.startswith(("cert_fwd[", "path_cert_fwd[", "tree_cert_fwd["))]
+    return [n for n in names if n in COLUMNS or n.startswith(("cert_fwd[", "path_cert_fwd[", "tree_cert_fwd[",
+                                                                    "path_tree_cert_fwd["))]
 
 
 def _cpu_flags() -> list[str]:

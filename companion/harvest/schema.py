@@ -82,6 +82,11 @@ SCHEMA: tuple[Column, ...] = (
     Column("tree_cert_fwd[{m}]", "float64", "width", False,
            "Exact certificate, in KL(p||q), that g is among the drafter's top-m (greedy tree of width m)."),
     Column("tree_cert_rev[{m}]", "float64", "width", False, "The same in KL(q||p)."),
+    Column("path_tree_cert_fwd[{m}]", "float64", "width", False,
+           "tree_cert_fwd[m] under kernel paths: the decoder's token may be any token whose logit is within "
+           "companion.harvest.ties.tie_band(z(1)) of the largest, and the drafter's top-m must hold every one "
+           "(0 when more than m are). Never above tree_cert_fwd[m]."),
+    Column("path_tree_cert_rev[{m}]", "float64", "width", False, "The same in KL(q||p)."),
     Column("kl_fwd", "float64", "step", True, "KL(p||q) in nats (float64 from the full logits)."),
     Column("kl_rev", "float64", "step", True, "KL(q||p) in nats."),
     Column("tv", "float64", "step", True,
@@ -114,6 +119,9 @@ SCHEMA: tuple[Column, ...] = (
     Column("tree_certified_fwd[{m}]", "bool", "width", True,
            "KL(p||q) < tree_cert_fwd[m]. Soundness: tree-certified implies covered."),
     Column("tree_certified_rev[{m}]", "bool", "width", True, "KL(q||p) < tree_cert_rev[m]."),
+    Column("path_tree_certified_fwd[{m}]", "bool", "width", True,
+           "KL(p||q) < path_tree_cert_fwd[m]: tree-certified under kernel paths."),
+    Column("path_tree_certified_rev[{m}]", "bool", "width", True, "KL(q||p) < path_tree_cert_rev[m]."),
 )
 """Every column of a trace, in file order. Expand with :func:`column_names` / :func:`arrow_schema`."""
 

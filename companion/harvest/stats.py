@@ -62,7 +62,7 @@ class StepStatistics:
     (:func:`~companion.certify.summary.summarize_partial`); ``"exact"`` (default): exact ties only,
     the paper's convention, whatever dtype the logits arrive in.
     ``path_dtype``: the dtype the model computed its logits in (``"bfloat16"``, ``"float32"``...),
-    whose band the ``path_cert_*`` and ``path_certified_*`` columns count as ties; None: the dtype
+    whose band the ``path_cert_*``, ``path_tree_cert_*`` and their ``certified`` columns count as ties; None: the dtype
     of the logits tensor each call receives (float64: no band, the path columns equal the others).
     """
 
@@ -125,14 +125,18 @@ class StepStatistics:
                 out[column("tree_cert", m, d)] = certs[(f"tree:{m}", d)]
         # The kernel-path convention: the same summary with the band of the model's dtype.
         dtype = self.path_dtype or str(logits_p.dtype).removeprefix("torch.")
-        if self.criteria and dtype != "float64" and dtype in SIGNIFICAND_BITS:
+        if (self.criteria or self.widths) and dtype != "float64" and dtype in SIGNIFICAND_BITS:
             band = tie_band_tensor(s.top_logits[:, 0], dtype)
-            path = certificates(logits_p, self.criteria, DIVERGENCES, from_logits=True, summary=replace(s, band=band))
+            path = certificates(logits_p, self.criteria, DIVERGENCES, tree_widths=self.widths, from_logits=True,
+                                summary=replace(s, band=band))
         else:
             path = certs
         for spec in self.specs:
             for d in DIVERGENCES:
                 out[column("path_cert", spec, d)] = path[(spec, d)]
+        for m in self.widths:
+            for d in DIVERGENCES:
+                out[column("path_tree_cert", m, d)] = path[(f"tree:{m}", d)]
         out["_summary"] = s  # type: ignore[assignment]
         return out
 
@@ -172,6 +176,7 @@ class StepStatistics:
             out[column("covered", m)] = rank_in_draft <= m
             for d, kl in ((FORWARD, kl_fwd + band_fwd), (REVERSE, kl_rev + band_rev)):
                 out[column("tree_certified", m, d)] = kl < target_cols[column("tree_cert", m, d)]
+                out[column("path_tree_certified", m, d)] = kl < target_cols[column("path_tree_cert", m, d)]
         return out
 
     def __call__(self, logits_p: Tensor, logits_q: Tensor | None = None, *, token: Tensor | None = None) -> dict[str, Tensor]:
