@@ -40,17 +40,23 @@ class ConventionRow:
 
 def convention_rows(traces: Traces, criteria: list[str], dtype: str) -> list[ConventionRow]:
     """Per criterion, the forward certificate's median and 5th percentile under exact ties and under
-    kernel paths, and how many steps the band lowers. Criteria other than strict greedy need the
+    kernel paths, and how many steps the band lowers; then, labelled ``tree:m``, every tree width the
+    harvest stored under both (``path_tree_cert_fwd``). Criteria other than strict greedy need the
     harvest's ``path_cert_fwd`` columns; without them they are left out."""
-    rows = []
+    pairs = []
     for c in criteria:
         exact = traces.cert(c)
         if traces.has(column("path_cert", c, "forward")):
-            paths = traces.column(column("path_cert", c, "forward"))
+            pairs.append((c, exact, traces.column(column("path_cert", c, "forward"))))
         elif c == "greedy":
-            paths = kernel_path_greedy(exact, traces.column("logit_top1"), traces.column("logit_gap"), dtype)
-        else:
-            continue
+            pairs.append((c, exact, kernel_path_greedy(exact, traces.column("logit_top1"), traces.column("logit_gap"),
+                                                       dtype)))
+    for m in traces.tree_widths:
+        if traces.has(column("path_tree_cert", m, "forward")):
+            pairs.append((f"tree:{m}", traces.column(column("tree_cert", m, "forward")),
+                          traces.column(column("path_tree_cert", m, "forward"))))
+    rows = []
+    for c, exact, paths in pairs:
         if bool(np.any(paths > exact)):
             raise ValueError(f"{c}: a kernel-path certificate above the exact-ties one")
         rows.append(ConventionRow(c, quantile(exact, 0.5), quantile(paths, 0.5), quantile(exact, 0.05),
