@@ -729,3 +729,79 @@ def test_typical_soundness_decided_by_bounds_or_search_counts_as_the_search_alon
     out = drafter_soundness(p, q, [spec])[spec]
     assert out.certified == int(exact.sum()), (out.certified, int(exact.sum()), kinds)
     assert out.certified_and_rejected == int((exact & _rejects(p, q, spec)).sum()) == 0
+
+
+def _path_oracle(q: list[float], d: int, a: float) -> float:
+    """``min_s KL(p||q)`` with ``p_d = a p_z`` on the mass ``s`` of ``{d, z}`` (``z`` the runner-up) and ``p``
+    proportional to ``q`` elsewhere: a golden-section search over ``s`` in 50 digits, not the tilt's formula."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        qs = [mp.mpf(x) for x in q]
+        z = max((i for i in range(len(q)) if i != d), key=lambda i: qs[i])
+        rest = 1 - qs[d] - qs[z]
+
+        def kl(s):
+            pd, pz = a * s / (1 + a), s / (1 + a)
+            out = pd * mp.log(pd / qs[d]) + pz * mp.log(pz / qs[z])
+            return out + ((1 - s) * mp.log((1 - s) / rest) if s < 1 else 0)
+
+        lo, hi = mp.mpf("1e-40"), 1 - mp.mpf("1e-40")
+        g = (mp.sqrt(5) - 1) / 2
+        for _ in range(400):
+            x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+            if kl(x1) < kl(x2):
+                hi = x2
+            else:
+                lo = x1
+        return float(kl((lo + hi) / 2))
+
+
+def test_drafter_path_certificate_is_the_projection_and_sound() -> None:
+    """The kernel-path certificate of strict greedy against a 1-D search in 50 digits, 0 where q itself is
+    within the band, strict greedy's at band 0, and sound: targets within it keep the draft ahead by the band."""
+    from companion.drafter.certificates import drafter_certificate, drafter_path_certificate
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.softmax(torch.randn(30, 9, generator=g, dtype=torch.float64) * 2.0, -1)
+    for band in (0.25, 0.5, 1.0):
+        got = drafter_path_certificate(q, band)
+        for i in range(q.shape[0]):
+            qi = q[i].tolist()
+            d = max(range(9), key=lambda j: qi[j])
+            top2 = sorted(qi, reverse=True)[:2]
+            if top2[0] <= math.exp(band) * top2[1]:
+                assert float(got[i]) == 0.0, (band, i, float(got[i]))
+                continue
+            want = _path_oracle(qi, d, math.exp(band))
+            assert abs(float(got[i]) - want) <= 1e-12 * max(want, 1e-300) + 1e-15, (band, i, float(got[i]), want)
+    assert torch.allclose(drafter_path_certificate(q, 0.0), drafter_certificate(q, "greedy"), rtol=1e-12, atol=0)
+    # soundness: targets drawn near q; whenever KL(p||q) < rho, p_d exceeds e^band times every other p_z
+    band = 0.5
+    rho = drafter_path_certificate(q, band)
+    checked = 0
+    for scale in (0.02, 0.1, 0.3):
+        p = torch.softmax(torch.log(q) + scale * torch.randn(q.shape, generator=g, dtype=torch.float64), -1)
+        kl = (p * (p.log() - q.log())).sum(-1)
+        d = q.argmax(-1)
+        ahead = p.gather(1, d[:, None]).squeeze(1) > math.exp(band) * p.scatter(1, d[:, None], 0.0).amax(-1)
+        certified = kl < rho
+        checked += int(certified.sum())
+        assert bool((ahead | ~certified).all()), (scale, torch.nonzero(certified & ~ahead))
+    assert checked >= 10, f"only {checked} certified targets: the soundness check tested little"
+
+
+def test_drafter_path_certificate_zero_at_the_drafters_own_near_tie() -> None:
+    from companion.drafter.certificates import drafter_path_certificate
+
+    logits = torch.full((2, 100), -5.0)
+    logits[0, :2] = torch.tensor([20.0, 19.5])   # 4 bfloat16 ulps at 20: the drafter's own near tie
+    logits[1, :2] = torch.tensor([20.0, 17.0])
+    logits = logits.to(torch.bfloat16)
+    plain = drafter_path_certificate(logits, 0.0, from_logits=True)
+    own = drafter_path_certificate(logits, 0.0, from_logits=True, drafter_dtype="bfloat16")
+    assert float(plain[0]) > 0 and float(own[0]) == 0.0 and float(own[1]) == float(plain[1]) > 0
+    with pytest.raises(ValueError, match="from_logits"):
+        drafter_path_certificate(torch.softmax(logits.double(), -1), 0.5, drafter_dtype="bfloat16")
+    with pytest.raises(ValueError, match="target_band"):
+        drafter_path_certificate(logits, -1.0, from_logits=True)

@@ -92,6 +92,7 @@ from companion.certify.validation import check_distribution_tensor, check_tree_w
 __all__ = [
     "drafter_certificate",
     "drafter_certificates",
+    "drafter_path_certificate",
     "drafter_tree_certificate",
     "drafter_tree_witness",
     "drafter_witness",
@@ -410,6 +411,48 @@ def drafter_certificate(q: Tensor, criterion: Criterion | str, *, from_logits: b
         return drafter_tree_certificate(q, m, from_logits=from_logits)
     c = parse_criterion(criterion)
     return drafter_certificates(q, [c], from_logits=from_logits)[str(c)]
+
+
+def drafter_path_certificate(q: Tensor, target_band: float | Tensor, *, from_logits: bool = False,
+                             drafter_dtype: str | None = None) -> Tensor:
+    """Strict greedy's drafter-side certificate under kernel paths: float64, shape ``q.shape[:-1]``.
+
+    A target whose two largest logits lie within its kernel-path band ``B`` (nats) may take either
+    token, whichever path verifies (:mod:`companion.harvest.ties`), so the draft ``d`` is accepted on
+    every path only if ``p_d > e^B p_z`` for every ``z != d``. The certificate is
+    ``inf { KL(p||q) : p_d <= e^B p_z for some z }``, the I-projection onto a half-space: ``q``
+    tilted on ``(d, z)`` by ``(e^-lambda, e^(A lambda))`` with ``A = e^B``,
+    ``lambda = log(q_d / (A q_z)) / (1 + A)``, minimised at the runner-up ``z`` (the
+    multiplicative relaxation's formula with ``alpha = A``; ``B = 0`` is strict greedy's) and 0 where
+    ``q(1) <= A q(2)``. The band belongs to the target's logit scale, which ``q`` does not reveal:
+    ``target_band`` is an assumed bound (e.g. :func:`companion.certify.precision.tie_band` at the
+    largest top logit the target returns), a float or one value per row. With ``drafter_dtype``
+    (``from_logits`` only) rows whose own top-2 logits are a near tie of that dtype get 0 too: the
+    drafted token itself may differ between the drafter's kernel paths.
+    """
+    check_distribution_tensor(q, "q")
+    r = _rows(q, from_logits, 2)
+    band = torch.as_tensor(target_band, dtype=torch.float64, device=r.values.device)
+    if bool((band < 0).any()) or not bool(torch.isfinite(band).all()):
+        raise ValueError(f"target_band must be finite and >= 0, got {target_band!r}")
+    bands = band.reshape(-1).expand(r.values.shape[0]) if band.numel() == 1 else band.reshape(-1)
+    if bands.shape[0] != r.values.shape[0]:
+        raise ValueError(f"target_band has {bands.shape[0]} values for {r.values.shape[0]} rows")
+    cost = torch.empty(r.values.shape[0], dtype=torch.float64, device=r.values.device)
+    for b in torch.unique(bands).tolist():   # one tilt per distinct band (usually one)
+        rows = bands == b
+        cost[rows] = _multiplicative(r, math.exp(b)).cost[rows]
+    cost = round_down(cost, r)
+    if drafter_dtype is not None:
+        if not from_logits:
+            raise ValueError("drafter_dtype needs the drafter's logits (from_logits=True): its band is in logit units")
+        from companion.certify.precision import tie_band_tensor
+
+        flat = q.reshape(-1, q.shape[-1])
+        top = flat.topk(2, dim=-1).values.to(torch.float64)
+        near = (top[:, 0] - top[:, 1]) <= tie_band_tensor(top[:, 0], drafter_dtype)
+        cost = torch.where(near, torch.zeros_like(cost), cost)
+    return cost.reshape(r.lead_shape)
 
 
 def drafter_tree_certificate(q: Tensor, m: int, *, from_logits: bool = False) -> Tensor:
