@@ -454,7 +454,14 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     band = s.band if ties == "worst" else None
     for div in divs:
         pool_k, _, t, known = tree_pool(values, logs, m, div, ties, band)
-        cost = round_down(cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div), s, div)
+        cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
+        if band is not None:
+            # never above the exact-ties certificate: equal in exact arithmetic at an exact tie (the same
+            # pool, summed in another order), it could exceed it by an ulp
+            pool_e, _, _, known_e = tree_pool(values, logs, m, div, ties)
+            exact = cost_of_pool(values, logs, tail, pool_e, zeros, zeros, torch.zeros_like(known_e), div)
+            cost = torch.where(known_e, torch.minimum(cost, exact), cost)
+        cost = round_down(cost, s, div)
         infeasible = t + m > s.vocab
         redo = ~known & ~infeasible
         if bool(redo.any()):
