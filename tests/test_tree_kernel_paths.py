@@ -140,3 +140,13 @@ def test_the_harvest_stores_band_tree_columns_and_traces_recompute_them() -> Non
     three = path.tree_cert(3)   # not stored: from the top-k, under the band
     np.testing.assert_allclose(three, tree_certificates_from_top(cols["top_probs"], 3, tail=cols["top_tail"], band=band))
     assert np.all(three <= traces.tree_cert(3) * (1 + 1e-12)) and np.any(three < traces.tree_cert(3))
+
+
+def test_a_band_holding_the_whole_vocabulary_gives_zero() -> None:
+    """Every token tied (a flat bfloat16 row of 40 logits): the band holds all of them, more than m, so
+    the tree certificate is 0; the summary already covers the vocabulary (no wider one to ask for)."""
+    logits = torch.full((2, 40), 3.0, dtype=torch.bfloat16)
+    logits[1, :5] = torch.tensor([9.0, 9.0, 9.0, 9.0, 9.0])   # five tied at the top, the rest far below
+    out = certificates(logits, ["greedy"], "forward", tree_widths=[2, 4, 8], from_logits=True)
+    assert float(out[("tree:2", "forward")][0]) == 0.0 and float(out[("tree:8", "forward")][0]) == 0.0
+    assert float(out[("tree:4", "forward")][1]) == 0.0 and float(out[("tree:8", "forward")][1]) > 0.0

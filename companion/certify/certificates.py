@@ -463,7 +463,8 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
             cost = torch.where(known_e, torch.minimum(cost, exact), cost)
         cost = round_down(cost, s, div)
         infeasible = t + m > s.vocab
-        redo = ~known & ~infeasible
+        # a summary of the whole vocabulary knows every row (a band may hold all of its tokens: cost 0)
+        redo = ~known & ~infeasible & (values.shape[1] < s.vocab)
         if bool(redo.any()):
             idx = torch.nonzero(redo).squeeze(1)
             sub_rows = idx if rows is None else rows.index_select(0, idx)
