@@ -234,7 +234,8 @@ class Traces:
         the traces were harvested without the kernel-path columns (before they existed)."""
         names = self.table.column_names
         stems = ("cert_fwd[", "cert_rev[", "certified_fwd[", "certified_rev[")
-        if any(n.startswith("path_tree_cert_") for n in names):
+        trees = any(n.startswith("path_tree_cert_") for n in names)
+        if trees:
             stems += ("tree_cert_fwd[", "tree_cert_rev[", "tree_certified_fwd[", "tree_certified_rev[")
         swapped = [n for n in names if n.startswith(stems)]
         missing = [n for n in swapped if "path_" + n not in names]
@@ -245,7 +246,7 @@ class Traces:
         table = pa.table({n: self.table.column("path_" + n if n in swapped else n) for n in keep})
         out = Traces(table, self.manifest)
         dtype = self._logits_dtype()
-        if "tree_cert_fwd[" in "".join(stems) and dtype is not None and "logit_top1" in names:
+        if trees and dtype is not None and "logit_top1" in names:
             # widths the harvest did not store are computed from the top-k under the same band
             from companion.harvest.ties import tie_band
 

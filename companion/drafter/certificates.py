@@ -158,12 +158,14 @@ def _tree(r: _Rows, m: int) -> _Pool:
     return _Pool(out.mask, out.weights, torch.where(dead, torch.inf, out.cost))
 
 
-def _multiplicative(r: _Rows, alpha: float) -> _Pool:
-    """Tilt ``(d, z)`` by ``(e^-lambda, e^(alpha lambda))``: weights ``(alpha, 1) / (1 + alpha)``."""
+def _multiplicative(r: _Rows, alpha: float | Tensor) -> _Pool:
+    """Tilt ``(d, z)`` by ``(e^-lambda, e^(alpha lambda))``: weights ``(alpha, 1) / (1 + alpha)``
+    (``alpha``: one value, or one per row)."""
     n = r.values.shape[0]
     mask = torch.ones(n, 2, dtype=torch.bool, device=r.values.device)
-    w = torch.tensor([alpha / (1 + alpha), 1 / (1 + alpha)], dtype=torch.float64, device=r.values.device)
-    out = _pool(r, mask, w.expand(n, 2))
+    a = torch.as_tensor(alpha, dtype=torch.float64, device=r.values.device).reshape(-1).expand(n)
+    w = torch.stack([a / (1 + a), 1 / (1 + a)], dim=1)
+    out = _pool(r, mask, w)
     # Already rejected under q itself (only at alpha = 1 with a tie): nothing to pay, p* = q.
     done = r.values[:, 0] <= alpha * r.values[:, 1]
     return _Pool(out.mask & ~done.unsqueeze(1), out.weights, torch.where(done, torch.zeros_like(out.cost), out.cost))
@@ -431,25 +433,20 @@ def drafter_path_certificate(q: Tensor, target_band: float | Tensor, *, from_log
     drafted token itself may differ between the drafter's kernel paths.
     """
     check_distribution_tensor(q, "q")
-    r = _rows(q, from_logits, 2)
-    band = torch.as_tensor(target_band, dtype=torch.float64, device=r.values.device)
+    if drafter_dtype is not None and not from_logits:
+        raise ValueError("drafter_dtype needs the drafter's logits (from_logits=True): its band is in logit units")
+    band = torch.as_tensor(target_band, dtype=torch.float64, device=q.device).reshape(-1)
     if bool((band < 0).any()) or not bool(torch.isfinite(band).all()):
         raise ValueError(f"target_band must be finite and >= 0, got {target_band!r}")
-    bands = band.reshape(-1).expand(r.values.shape[0]) if band.numel() == 1 else band.reshape(-1)
-    if bands.shape[0] != r.values.shape[0]:
-        raise ValueError(f"target_band has {bands.shape[0]} values for {r.values.shape[0]} rows")
-    cost = torch.empty(r.values.shape[0], dtype=torch.float64, device=r.values.device)
-    for b in torch.unique(bands).tolist():   # one tilt per distinct band (usually one)
-        rows = bands == b
-        cost[rows] = _multiplicative(r, math.exp(b)).cost[rows]
-    cost = round_down(cost, r)
+    r = _rows(q, from_logits, 2)
+    if band.numel() not in (1, r.values.shape[0]):
+        raise ValueError(f"target_band has {band.numel()} values for {r.values.shape[0]} rows")
+    cost = round_down(_multiplicative(r, torch.exp(band)).cost, r)
     if drafter_dtype is not None:
-        if not from_logits:
-            raise ValueError("drafter_dtype needs the drafter's logits (from_logits=True): its band is in logit units")
         from companion.certify.precision import tie_band_tensor
 
-        flat = q.reshape(-1, q.shape[-1])
-        top = flat.topk(2, dim=-1).values.to(torch.float64)
+        # the drafter's own two largest logits, as it computed them (the summary's top-2 positions)
+        top = r.flat.gather(1, r.indices[:, :2]).to(torch.float64)
         near = (top[:, 0] - top[:, 1]) <= tie_band_tensor(top[:, 0], drafter_dtype)
         cost = torch.where(near, torch.zeros_like(cost), cost)
     return cost.reshape(r.lead_shape)
