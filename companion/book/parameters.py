@@ -25,6 +25,7 @@ class Profile:
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     notebooks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claims: str = "note"   # what a chapter's failing prose claim does: "strict" fails the build, "note" shows it
 
 
 def available_profiles(root: Path) -> list[str]:
@@ -56,18 +57,22 @@ def load_profile(root: Path, name: str) -> Profile:
     if not isinstance(data, dict):
         raise ReproduceError(f"profile {path} must be a YAML mapping with the keys description, parameters and "
                              f"notebooks, got {_yaml_kind(data)}")
-    unknown = set(map(str, data)) - {"description", "parameters", "notebooks"}
+    unknown = set(map(str, data)) - {"description", "parameters", "notebooks", "claims"}
     if unknown:
         raise ReproduceError(f"profile {path}: unknown keys {sorted(unknown)}; a profile holds description, "
-                             "parameters and notebooks")
+                             "parameters, notebooks and claims")
     parameters = data.get("parameters") or {}
     notebooks = data.get("notebooks") or {}
     if not isinstance(parameters, dict) or not isinstance(notebooks, dict) or not all(
         isinstance(v, dict) for v in notebooks.values()
     ):
         raise ReproduceError(f"profile {path}: 'parameters' and each 'notebooks' entry must be mappings")
+    claims = data.get("claims", "note")
+    if claims not in ("strict", "note"):
+        raise ReproduceError(f"profile {path}: claims must be 'strict' (a failing prose claim fails the build) or "
+                             f"'note' (it is shown on the page), got {claims!r}")
     return Profile(Path(name).stem, str(data.get("description", "")), parameters,
-                   {str(k): v for k, v in notebooks.items()})
+                   {str(k): v for k, v in notebooks.items()}, claims)
 
 
 def _yaml_kind(data: Any) -> str:

@@ -27,6 +27,7 @@ from companion.book.execute import (
     torch_version,
     write_kernelspec,
 )
+from companion.book.claims import ENV as CLAIMS_ENV
 from companion.book.figure_files import publish_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, ReproduceError, RunFailure
 from companion.book.parameters import (declared_parameters, describe_device, load_profile, notebook_parameters,
@@ -165,6 +166,9 @@ def reproduce(
         log(f"[{order[chapter.name]}/{n}] {chapter.name}: FAILED: {err}")
         failures.append(str(err))
 
+    # The chapters' prose claims: the kernels (and the spawned workers) read the profile's mode.
+    saved_claims = os.environ.get(CLAIMS_ENV)
+    os.environ[CLAIMS_ENV] = profile.claims
     try:
         if jobs == 1:
             for chapter in runnable:
@@ -212,6 +216,10 @@ def reproduce(
                 pool.shutdown(wait=True, cancel_futures=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if saved_claims is None:
+            os.environ.pop(CLAIMS_ENV, None)
+        else:
+            os.environ[CLAIMS_ENV] = saved_claims
     if failures:
         # One line, as every other error of the command: the log above has one line per chapter.
         raise RunFailure(failures[0] if len(failures) == 1 else f"{len(failures)} notebooks failed: " + "; ".join(failures))
