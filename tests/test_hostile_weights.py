@@ -139,7 +139,7 @@ def test_a_read_only_cache_is_one_line_from_the_lock(model, monkeypatch, capsys)
     root.mkdir()
 
     @contextlib.contextmanager
-    def read_only_lock(where, name):  # what open(".<name>.lock", "a") raises on a read-only mount
+    def read_only_lock(where, name, **kwargs):  # what open(".<name>.lock", "a") raises on a read-only mount
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(where / f".{name}.lock"))
         yield
 

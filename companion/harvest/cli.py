@@ -321,6 +321,7 @@ def _check_out(out: Path) -> None:
     """``--out`` must be a folder this process can write, or creatable; an existing harvest's manifest readable."""
     from companion.harvest import store
 
+    _refuse_inside_weights_cache(out)
     if out.exists():
         if not out.is_dir():
             raise Refusal(f"--out {out} is a file; pass a folder (it is created if missing)")
@@ -336,6 +337,18 @@ def _check_out(out: Path) -> None:
                           "pass a new or empty folder")
         return
     _check_creatable(out, "--out")
+
+
+def _refuse_inside_weights_cache(out: Path) -> None:
+    """``--out`` may not lie inside the weights cache: the companion replaces a model's folder when it converts the
+    model again (after damage) and deletes old conversions when pruned, taking whatever else is in it along."""
+    from companion.models.weights.convert import cache_root
+
+    root = cache_root().resolve()
+    where = out.resolve()
+    if where == root or root in where.parents:
+        raise Refusal(f"--out {out} is inside the weights cache {root}, whose folders the companion replaces or "
+                      "deletes when it converts a model again or prunes: pass a folder outside it")
 
 
 def _check_creatable(path: Path, option: str) -> None:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TextIO
 
 from companion.models.weights.errors import WeightsUnavailableError, one_line
+from companion.models.weights.integrity import foreign_files
 
 #: The model whose conversion SmolLM2's committed drafter is assembled for (``companion.models.loading``' smollm2 preset).
 DRAFTER_TARGET = "smollm2-135m-instruct"
@@ -296,6 +297,11 @@ def prune(root: Path, entries: list[Entry], *, dry_run: bool, out: TextIO | None
                 now = classify(e.path, in_use(root))
                 if not now or now[0].status != "stale":
                     print(f"kept {e.name}: it is in use now", file=out)
+                    continue
+                foreign = foreign_files(e.path) if e.path.is_dir() else []
+                if foreign:  # someone else's files (a harvest written into it): never deleted along
+                    print(f"kept {e.name}: it holds {len(foreign)} file(s) the companion did not write (first: "
+                          f"{foreign[0]}): move them out of the cache, then prune again", file=out)
                     continue
             print(f"deleting {e.name} ({human_size(e.size)}): {e.why}", file=out, flush=True)
             if e.path.is_dir():

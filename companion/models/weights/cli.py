@@ -9,6 +9,16 @@ from companion.models.weights.errors import WeightsUnavailableError, one_line
 
 #: The exit status after a Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
+#: The exit status after SIGTERM (128 + SIGTERM).
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process stands so that every cleanup runs as for a Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,9 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import signal
+
     from companion.models.weights.convert import ensure_converted
     from companion.models.weights.registry import sources
 
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return _run(args, ensure_converted, sources)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, ensure_converted, sources) -> int:
     try:
         known = sources()
         if args.list:
@@ -52,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:  # WeightsUnavailableError is one; any other is still one line
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("error: stopped by SIGTERM; the partial download and conversion were removed: run the same command "
+              "again to start over", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("error: interrupted (Ctrl-C); the partial download and conversion were removed: run the same command "
               "again to start over", file=sys.stderr)

