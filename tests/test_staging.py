@@ -189,37 +189,6 @@ def test_partial_builds_drop_chapter_numbering() -> None:
     assert toc["parts"][0]["numbered"] is True  # the original is left alone
 
 
-def test_results_page_gets_chapter_7_numbers_or_says_it_is_missing(tmp_path) -> None:
-    from companion.book.stage import fill_measured_results
-
-    pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
-    pages.mkdir()
-    notebooks.mkdir()
-    page = pages / "claims.md"
-    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
-    fill_measured_results(pages, notebooks)
-    assert "   *Measured in this build:* nothing, since chapter 07_paper_evaluation is not in this build." \
-        in page.read_text(encoding="utf-8")
-
-    values = {"ch7_run": "preset `x`", "ch7_greedy_p5": 5.3e-05, "ch7_mult_p5": 0.0346,
-              "ch7_run_greedy_0p1": 2.854, "ch7_run_mult_0p1": 3.224, "ch7_run_tree8_0p1": 3.223}
-    cell = nbformat.v4.new_code_cell("glue(...)")
-    cell.outputs = [nbformat.v4.new_output(
-        "display_data", metadata={"scrapbook": {"name": k, "mime_prefix": "application/papermill.record/"}},
-        data={"application/papermill.record/text/markdown" if isinstance(v, str) else
-              "application/papermill.record/text/plain": v if isinstance(v, str) else repr(v)})
-        for k, v in values.items()]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [cell]
-    nbformat.write(nb, notebooks / "07_paper_evaluation.ipynb")
-    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
-    fill_measured_results(pages, notebooks)
-    text = page.read_text(encoding="utf-8")
-    assert "   *Measured in this build* (chapter 7; preset `x`)" in text
-    assert "5.3e-05 nats under strict greedy and 0.035 under `multiplicative:0.1`" in text
-    assert "2.85 tokens" in text and "3.22 with a width-8 tree" in text and "companion-result" not in text
-
-
 def _write_glued(path, values) -> None:
     """A notebook whose one cell glued ``values`` (str as Markdown, others as plain text)."""
     cell = nbformat.v4.new_code_cell("glue(...)")
@@ -233,66 +202,60 @@ def _write_glued(path, values) -> None:
     nbformat.write(nb, path)
 
 
-CH7 = {"ch7_run": "preset `x`", "ch7_greedy_p5": 5.3e-05, "ch7_mult_p5": 0.0346, "ch7_mean_len": 7.5,
-       "ch7_run_greedy_0p1": 2.854, "ch7_run_mult_0p1": 4.4213, "ch7_run_tree8_0p1": 4.4187}
+PAGE = ("8. The claim.\n\n"
+        "   % companion-measured: 07_paper_evaluation needs: p5-falls, tree-above\n"
+        "   Strict greedy's 5th percentile is [[ch7_greedy_p5:.2g]] nats, [[ch7_share:.1%]] of steps.\n"
+        "   % companion-end\n"
+        "\nNext.\n")
 
 
-@pytest.mark.parametrize("cap, capped", [(4.42, ["`multiplicative:0.1`", "a width-8 tree"]), (5.0, []), (None, None)])
-def test_results_page_says_when_a_run_is_the_answer_length_ceiling(tmp_path, cap, capped) -> None:
-    """4.42 under multiplicative:0.1 and with a width-8 tree is the every-step-certified ceiling
-    set by the answers' length: the page says so exactly when a run equals it to the printed
-    digits, and gives the mean answer length (7.5, the same number the chapter prints)."""
-    from companion.book.stage import fill_measured_results
-
-    pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
-    pages.mkdir()
-    notebooks.mkdir()
-    values = dict(CH7) if cap is None else {**CH7, "ch7_run_cap": cap}
-    _write_glued(notebooks / "07_paper_evaluation.ipynb", values)
-    page = pages / "claims.md"
-    page.write_text("8. The claim.\n\n   % companion-result: 07_paper_evaluation\n", encoding="utf-8")
-    fill_measured_results(pages, notebooks)
-    text = page.read_text(encoding="utf-8")
-    assert "answers of 7.5 tokens on average" in text, text
-    if cap is None:
-        assert "cannot outlast its answer" in text
-    elif capped:
-        assert f"would be {cap:.2f} tokens" in text
-        assert "Those are the figures for `multiplicative:0.1` and a width-8 tree" in text, text
-        assert "strict greedy:" not in text
-    else:
-        assert "No criterion reaches that ceiling at this budget." in text, text
-
-
-CH10 = {"ch10_sound_steps": 288, "ch10_sound_violations": 0, "ch10_n_eval": 6,
-        "ch10_pair_words": "SmolLM2-135M-Instruct and its distilled drafter (11.0M parameters)",
-        "ch10_summary_verdict": "showed no resolved difference in cost per token from the best built-in",
-        "ch10_score_added": "On the pair measured here the score added nothing measurable: x.",
-        "ch10_goal_summary": "the cheapest policy replayed is within 10% of the oracle by its point estimate "
-                             "(1.050), though its 95 % interval reaches above 1.10 (to 1.140), and y"}
-
-
-def test_results_page_states_chapter_10s_outcome(tmp_path) -> None:
-    """Result 13 states the outcome: soundness, the comparison with the best built-in, what the
-    score added (a null result stays a null result) and the GPU-like replay with its caveat."""
-    from companion.book.stage import fill_measured_results
-
+def _pages(tmp_path):
     pages, notebooks = tmp_path / "book", tmp_path / "notebooks"
     pages.mkdir()
     notebooks.mkdir()
     page = pages / "claims.md"
-    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
-    fill_measured_results(pages, notebooks)
-    assert "nothing, since chapter 10_decode_time is not in this build" in page.read_text(encoding="utf-8")
-    _write_glued(notebooks / "10_decode_time.ipynb", CH10)
-    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
+    page.write_text(PAGE, encoding="utf-8")
+    return pages, notebooks, page
+
+
+def test_a_measured_block_is_filled_from_the_chapters_glued_numbers(tmp_path) -> None:
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks, page = _pages(tmp_path)
+    _write_glued(notebooks / "07_paper_evaluation.ipynb",
+                 {"ch7_greedy_p5": 5.3e-05, "ch7_share": 0.1334, "claims_failed": []})
     fill_measured_results(pages, notebooks)
     text = page.read_text(encoding="utf-8")
-    assert "sound on every one of 288 decoding steps" in text, text
-    assert "(chapter 10, SmolLM2-135M-Instruct and its distilled drafter (11.0M parameters) on 6 prompts)" in text, text
-    assert "policy showed no resolved difference" in text and "added nothing measurable" in text
-    assert "reaches above 1.10" in text
-    _write_glued(notebooks / "10_decode_time.ipynb", {**CH10, "ch10_sound_violations": 2})
-    page.write_text("13. Swap.\n\n    % companion-result: 10_decode_time\n", encoding="utf-8")
+    assert "   Strict greedy's 5th percentile is 5.3e-05 nats, 13.3% of steps.\n\nNext." in text, text
+    assert "companion-measured" not in text and "companion-end" not in text and "[[" not in text
+
+
+def test_a_chapter_not_in_this_build_is_said_so(tmp_path) -> None:
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks, page = _pages(tmp_path)
     fill_measured_results(pages, notebooks)
-    assert "certified and then rejected 2 of 288" in page.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    assert "   *Measured in this build:* nothing, since chapter 07_paper_evaluation is not in this build." in text
+    assert "5th percentile" not in text
+
+
+def test_a_sentence_whose_claims_failed_is_replaced_by_a_note(tmp_path) -> None:
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks, page = _pages(tmp_path)
+    _write_glued(notebooks / "07_paper_evaluation.ipynb",
+                 {"ch7_greedy_p5": 5.3e-05, "ch7_share": 0.1334, "claims_failed": ["tree-above"]})
+    fill_measured_results(pages, notebooks)
+    text = page.read_text(encoding="utf-8")
+    assert "do not support the sentence" in text and "tree-above" in text and "5th percentile" not in text
+
+
+def test_a_page_quoting_a_value_its_chapter_does_not_glue_fails_the_build(tmp_path) -> None:
+    from companion.book.layout import RunFailure
+    from companion.book.stage import fill_measured_results
+
+    pages, notebooks, page = _pages(tmp_path)
+    _write_glued(notebooks / "07_paper_evaluation.ipynb", {"ch7_greedy_p5": 5.3e-05, "claims_failed": []})
+    with pytest.raises(RunFailure, match="glues no value 'ch7_share'"):
+        fill_measured_results(pages, notebooks)

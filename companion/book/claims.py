@@ -101,6 +101,17 @@ class Claims:
         self._display(failed.message())
         return False
 
+    def _glue_failed(self) -> None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        if get_ipython() is None:
+            return
+        from myst_nb import glue
+
+        glue("claims_failed", [f.name for f in self.failed], display=False)
+
     def _display(self, text: str) -> None:
         if self.show is not None:
             self.show(text)
@@ -114,7 +125,12 @@ class Claims:
                          "book's own run; read it against the numbers above.\n```"))
 
     def summary(self) -> str:
-        """Markdown: how many claims were checked, and each that does not hold for this run."""
+        """Markdown: how many claims were checked, and each that does not hold for this run.
+
+        In a notebook it also glues the names of the failed claims as ``claims_failed``, so that a
+        page quoting this chapter (:mod:`companion.book.measured`) knows which sentences hold.
+        """
+        self._glue_failed()
         n = len(self.checked)
         if not self.failed:
             return f"All {n} claims this chapter's prose makes hold for this run."

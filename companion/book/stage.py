@@ -21,6 +21,7 @@ from companion.book.api_page import render_api_pages
 from companion.book.execute import file_sha256, strip_ansi
 from companion.book.figure_files import link_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, RunFailure, yaml_module
+from companion.book.measured import StalePage, fill_measured_pages
 from companion.book.offline import find_remote_resources
 from companion.book.parameters import notebook_parameters
 from companion.book.toc import filter_toc, read_chapters, read_toc
@@ -170,9 +171,6 @@ def without_numbering(node: Any) -> Any:
     return node
 
 
-RESULT_MARKER = re.compile(r"^(?P<indent>[ \t]*)% companion-result: (?P<chapter>\S+)[ \t]*$", re.MULTILINE)
-
-
 def glued_values(path: Path) -> dict[str, Any]:
     """The values an executed notebook glued, by name (plain-text ones as Python literals)."""
     import ast
@@ -198,93 +196,13 @@ def glued_values(path: Path) -> dict[str, Any]:
     return out
 
 
-def _chapter_7_sentence(v: dict[str, Any]) -> str:
-    """The measured numbers behind the abstract's claim (result 8), from chapter 7's glued values.
-
-    A mean certified run cannot outlast the answer it is measured on: with every step certified it
-    reaches the ceiling set by the answers' lengths. Where a criterion's run equals that ceiling to
-    the digits printed (``ch7_run_cap``, when the chapter glues it), the sentence says so, since the
-    number then measures the answers' length, not the criterion; without it, the sentence gives the
-    mean answer length (``ch7_mean_len``) beside the runs.
-    """
-    from companion.book.prose import at_ceiling
-
-    need = ("ch7_run", "ch7_greedy_p5", "ch7_mult_p5", "ch7_run_greedy_0p1", "ch7_run_mult_0p1", "ch7_run_tree8_0p1")
-    missing = [k for k in need if k not in v]
-    if missing:
-        raise RunFailure(f"chapter 7 did not glue {missing}: the results page cannot show its numbers")
-    runs = {"strict greedy": v["ch7_run_greedy_0p1"], "`multiplicative:0.1`": v["ch7_run_mult_0p1"],
-            "a width-8 tree": v["ch7_run_tree8_0p1"]}
-    text = (f"*Measured in this build* (chapter 7; {v['ch7_run']}): the 5th percentile of the certificate is "
-            f"{v['ch7_greedy_p5']:.2g} nats under strict greedy and {v['ch7_mult_p5']:.2g} under "
-            f"`multiplicative:0.1`; under a per-step budget of 0.1 nats a certified run lasts "
-            f"{v['ch7_run_greedy_0p1']:.2f} tokens on average under strict greedy, "
-            f"{v['ch7_run_mult_0p1']:.2f} under `multiplicative:0.1` and {v['ch7_run_tree8_0p1']:.2f} "
-            f"with a width-8 tree.")
-    cap = v.get("ch7_run_cap")
-    length = v.get("ch7_mean_len")
-    answers = f" (answers of {length:.1f} tokens on average)" if isinstance(length, (int, float)) else ""
-    if isinstance(cap, (int, float)):
-        capped = [name for name, run in runs.items() if at_ceiling(run, cap)]
-        text += (f" A run cannot outlast its answer: with every step certified the mean run would be "
-                 f"{cap:.2f} tokens{answers}.")
-        if capped:
-            text += (f" {'That is' if len(capped) == 1 else 'Those are'} the {'figure' if len(capped) == 1 else 'figures'} "
-                     f"for {_and(capped)}: there the length of the answers sets the number, not the criterion, "
-                     f"which certified every step it was asked to.")
-        else:
-            text += " No criterion reaches that ceiling at this budget."
-    elif answers:
-        text += (f" A run cannot outlast its answer{answers}, so these numbers are bounded by the answers' "
-                 f"length as much as by the criteria.")
-    return text
-
-
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _chapter_10_sentence(v: dict[str, Any]) -> str:
-    """The measured outcome of result 13 (certificates at decode time), from chapter 10's glued values."""
-    need = ("ch10_sound_steps", "ch10_sound_violations", "ch10_n_eval", "ch10_summary_verdict",
-            "ch10_score_added", "ch10_goal_summary", "ch10_pair_words")
-    missing = [k for k in need if k not in v]
-    if missing:
-        raise RunFailure(f"chapter 10 did not glue {missing}: the results page cannot show its numbers")
-    sound = ("sound on every one of" if v["ch10_sound_violations"] == 0 else
-             f"certified and then rejected {v['ch10_sound_violations']} of")
-    return (f"*Measured in this build* (chapter 10, {v['ch10_pair_words']} on {v['ch10_n_eval']} prompts): the "
-            f"drafter-side certificate was {sound} {v['ch10_sound_steps']} decoding steps; the certificate "
-            f"policy {v['ch10_summary_verdict']}. {v['ch10_score_added']} Replayed on the GPU-like cost model "
-            f"($V = 1$, $c = 0.05$), {v['ch10_goal_summary']}.")
-
-
-RESULT_SENTENCES = {"07_paper_evaluation": _chapter_7_sentence, "10_decode_time": _chapter_10_sentence}
-
-
-def _result_sentence(chapter: str, values: dict[str, Any]) -> str:
-    """The measured-result sentence of ``chapter`` for the results page, from its glued values."""
-    if chapter not in RESULT_SENTENCES:
-        raise RunFailure(f"no measured-result sentence is defined for chapter {chapter!r}")
-    return RESULT_SENTENCES[chapter](values)
-
-
 def fill_measured_results(pages: Path, notebooks: Path) -> None:
-    """Replace ``% companion-result: CHAPTER`` lines in the pages by that chapter's measured
-    numbers (from its executed, staged notebook), or by a note that it is not in this build."""
-    for page in pages.rglob("*.md"):
-        text = page.read_text(encoding="utf-8")
-        if not RESULT_MARKER.search(text):
-            continue
-
-        def fill(m: re.Match[str]) -> str:
-            chapter, indent = m.group("chapter"), m.group("indent")
-            executed = notebooks / f"{chapter}.ipynb"
-            if not executed.is_file():
-                return f"{indent}*Measured in this build:* nothing, since chapter {chapter} is not in this build."
-            return indent + _result_sentence(chapter, glued_values(executed))
-
-        page.write_text(RESULT_MARKER.sub(fill, text), encoding="utf-8")
+    """Fill the pages' measured blocks (:mod:`companion.book.measured`) from the executed, staged notebooks;
+    a page that quotes a value its chapter does not glue fails the build."""
+    try:
+        fill_measured_pages(pages, notebooks, glued_values)
+    except StalePage as err:
+        raise RunFailure(str(err)) from None
 
 
 def repository_url(config: Path) -> str | None:
