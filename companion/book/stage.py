@@ -23,6 +23,7 @@ from companion.book.figure_files import link_figures
 from companion.book.layout import Layout, NOTEBOOK_DIR, RunFailure, yaml_module
 from companion.book.measured import StalePage, fill_measured_pages
 from companion.book.offline import find_remote_resources
+from companion.book.page_checks import check_pages
 from companion.book.parameters import notebook_parameters
 from companion.book.toc import filter_toc, read_chapters, read_toc
 
@@ -334,6 +335,10 @@ def build_book(layout: Layout, log: Any = print, keep_work: bool = False) -> Pat
     remote = find_remote_resources(built)
     if remote:
         raise RunFailure("built pages load resources from other hosts:\n" + "\n".join(remote[:30]))
+    problems = check_pages(built)
+    if problems:
+        raise RunFailure(f"{len(problems)} problem(s) on the built pages (raw math, a change between equal numbers, "
+                         "a table outside the section that refers to it):\n" + "\n".join(problems[:30]))
     if not (built / "_static" / "mathjax" / "tex-chtml.js").is_file():
         raise RunFailure("offline MathJax was not copied into the build (is sphinx-mathjax-offline installed?)")
     _swap_into_place(built, layout.html, work)
