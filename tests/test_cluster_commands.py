@@ -64,5 +64,5 @@ def test_prefetch_of_a_missing_local_model_is_refused_in_one_line(tmp_path: Path
 def test_prefetch_loads_the_local_pair_and_prompts_and_says_where_the_hub_cache_is(capsys) -> None:
     assert main(["prefetch", "--preset", "closed-world", "--n-prompts", "5"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["prompts"] == 5 and info["prompt_set"] == "default[:5]"
+    assert info["prompts"] == 5 and info["prompt_set"] == "default[:5]" and info["max_prompt_tokens"] > 0
     assert info["target_parameters"] > info["drafter_parameters"] > 0 and info["hub_cache"]

@@ -408,7 +408,7 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
 
     try:
         plan = _plan(args)
-        target, drafter, _tokenizer, prompts = load_planned(plan, device="cpu", dtype="bfloat16")
+        target, drafter, tokenizer, prompts = load_planned(plan, device="cpu", dtype="bfloat16")
     except Refusal as err:
         print(f"companion prefetch: {err}", file=sys.stderr)
         return EXIT_REFUSED
@@ -417,9 +417,12 @@ def cmd_prefetch(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     from huggingface_hub import constants
 
+    # the longest prompt sets the KV cache a batch needs (the page's memory arithmetic)
+    longest = max((len(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts), default=0)
     print(json.dumps({"preset": plan.preset, "target": plan.target, "drafter": plan.drafter,
                       "tokenizer": plan.tokenizer or plan.target, "prompt_set": plan.prompt_set_name,
-                      "prompts": len(prompts), "target_parameters": sum(p.numel() for p in target.parameters()),
+                      "prompts": len(prompts), "max_prompt_tokens": longest,
+                      "target_parameters": sum(p.numel() for p in target.parameters()),
                       "drafter_parameters": (sum(p.numel() for p in drafter.parameters())
                                              if drafter is not None else 0),
                       "hub_cache": str(constants.HF_HUB_CACHE),
