@@ -50,6 +50,18 @@ def torchrun(out: Path) -> list[str]:
             "-m", "companion", "harvest", "--out", str(out), *ARGS]
 
 
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The harvest of ARGS by one process, never interrupted: the rows both tests compare with."""
+    from companion.cli import main
+    from companion.harvest import read_manifest
+
+    whole = tmp_path_factory.mktemp("one-process") / "traces"
+    assert main(["harvest", "--out", str(whole), *ARGS]) == 0
+    assert read_manifest(whole)["status"] == "complete"
+    return whole
+
+
 def _rank_pid(launcher: int, rank: int, local_rank: int | None = None) -> int | None:
     """The process among ``launcher``'s descendants whose environment says ``RANK=<rank>`` (and
     ``LOCAL_RANK=<local_rank>``, by default ``rank``)."""
@@ -80,8 +92,7 @@ def _rank_pid(launcher: int, rank: int, local_rank: int | None = None) -> int | 
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process in /proc")
-def test_a_killed_rank_resumes_to_the_rows_of_an_uninterrupted_run(tmp_path: Path) -> None:
-    from companion.cli import main
+def test_a_killed_rank_resumes_to_the_rows_of_an_uninterrupted_run(tmp_path: Path, one_process: Path) -> None:
     from companion.harvest import load_traces, read_manifest
     from companion.harvest.store import existing_shards
 
@@ -117,10 +128,8 @@ def test_a_killed_rank_resumes_to_the_rows_of_an_uninterrupted_run(tmp_path: Pat
     assert manifest["runs"][-1]["world_size"] == 2
 
     # one process, never interrupted: the same rows
-    whole = tmp_path / "one-process"
-    assert main(["harvest", "--out", str(whole), *ARGS]) == 0
-    assert read_manifest(whole)["config_digest"] == manifest["config_digest"]
-    assert load_traces(out).equals(load_traces(whole))
+    assert read_manifest(one_process)["config_digest"] == manifest["config_digest"]
+    assert load_traces(out).equals(load_traces(one_process))
 
 
 def _free_port() -> int:
@@ -157,7 +166,8 @@ def _finish(nodes: list[subprocess.Popen], timeout: float) -> list[tuple[int, st
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the rank's process in /proc")
-def test_the_two_node_recipe_rehearsed_on_one_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_two_node_recipe_rehearsed_on_one_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     one_process: Path) -> None:
     from companion.cli import main
     from companion.harvest import load_traces, read_manifest
     from companion.harvest.lock import lock_path
@@ -203,8 +213,6 @@ def test_the_two_node_recipe_rehearsed_on_one_machine(tmp_path: Path, capsys: py
     assert not lock_path(out, 1).exists() and not lock_path(out).exists()
 
     # 4. one process, never interrupted: the same rows
-    whole = tmp_path / "one-process"
-    assert main(["harvest", "--out", str(whole), *ARGS]) == 0
-    assert read_manifest(whole)["config_digest"] == read_manifest(out)["config_digest"]
-    assert status["rows"] == read_manifest(whole)["totals"]["rows"]
-    assert load_traces(out).equals(load_traces(whole))
+    assert read_manifest(one_process)["config_digest"] == read_manifest(out)["config_digest"]
+    assert status["rows"] == read_manifest(one_process)["totals"]["rows"]
+    assert load_traces(out).equals(load_traces(one_process))
