@@ -292,11 +292,14 @@ def test_the_beyond_one_machine_rate_is_the_full_profiles() -> None:
 
 @pytest.mark.parametrize("argv", commands(PAGE.read_text(encoding="utf-8")), ids=lambda a: " ".join(a)[:60])
 def test_the_beyond_one_machine_commands_parse(argv: list[str]) -> None:
-    """The page's torchrun / accelerate commands run `companion harvest` with options it has, on the paper preset."""
+    """The page's commands parse: its torchrun / accelerate / srun harvests and its prefetch on the paper
+    preset, and the status and reproduce steps after them."""
     from companion.cli import build_parser
 
     args = build_parser().parse_args(argv)
-    assert args.command == "harvest" and args.preset == "paper-qwen3-1.7b", argv
+    assert args.command in ("harvest", "prefetch", "harvest-status", "reproduce"), argv
+    if args.command in ("harvest", "prefetch"):
+        assert args.preset == "paper-qwen3-1.7b", argv
 
 
 def test_the_beyond_one_machine_page_measures_what_the_manifest_says() -> None:

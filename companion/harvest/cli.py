@@ -147,6 +147,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stop-at-eos", action="store_true", help="decode all steps even past an EOS token")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_harvest)
+    _register_prefetch(subparsers)
+    _register_status(subparsers)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -379,3 +381,106 @@ def _check_device(requested: str | None) -> None:
         check_device(requested)
     except DeviceUnavailableError as err:
         raise Refusal(f"--device {requested}: {err}") from None
+
+
+# -------------------------------------------------------------------------------------------------
+# `companion prefetch` and `companion harvest-status`: before and after a harvest on many processes
+
+
+def _register_prefetch(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``prefetch``: fetch a harvest's models and prompts once, so that N ranks can then read them offline."""
+    p = subparsers.add_parser(
+        "prefetch",
+        help="download a harvest's tokenizer, models and prompts once into the local caches, then exit",
+        description="Plan the harvest that `companion harvest` would run with the same options, load its "
+                    "tokenizer, target, drafter (on the CPU, in bfloat16) and prompt set once, which downloads "
+                    "whatever is missing into the Hugging Face caches, and exit. Run it once (per cache: once "
+                    "per node unless HF_HOME is on a shared filesystem) before launching the ranks with "
+                    "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1, so that N processes do not query the hub together. "
+                    "Prints one JSON line. Exit status: 0 fetched, 2 refused or unavailable.",
+    )
+    p.add_argument("--preset", choices=sorted(PRESETS), default="closed-world", help="as for `companion harvest`")
+    p.add_argument("--target", help="as for `companion harvest`")
+    p.add_argument("--drafter", help="as for `companion harvest`")
+    p.add_argument("--no-drafter", action="store_true", help="as for `companion harvest`")
+    p.add_argument("--tokenizer", help="as for `companion harvest`")
+    p.add_argument("--prompts", help="as for `companion harvest`")
+    p.add_argument("--ultrachat", type=Path, help="as for `companion harvest`")
+    p.add_argument("--n-prompts", type=_positive_int, help="as for `companion harvest`")
+    p.add_argument("--min-prompt-tokens", type=_nonnegative_int, help="as for `companion harvest`")
+    p.add_argument("--enable-thinking", action="store_true", help="as for `companion harvest`")
+    p.add_argument("--seed", type=int, help="as for `companion harvest`")
+    p.set_defaults(func=cmd_prefetch, steps=None, criteria=None, tree_widths=None)
+
+
+def cmd_prefetch(args: argparse.Namespace) -> int:
+    """Load the planned harvest's tokenizer, models and prompts once on the CPU; print what was fetched."""
+    from companion.harvest.plan import load_planned
+    from companion.models.loading import WeightsUnavailableError
+    from companion.prompts import ultrachat
+
+    try:
+        plan = _plan(args)
+        target, drafter, tokenizer, prompts = load_planned(plan, device="cpu", dtype="bfloat16")
+    except Refusal as err:
+        print(f"companion prefetch: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    except (WeightsUnavailableError, ultrachat.PromptsUnavailableError, ValueError, OSError) as err:
+        print(f"companion prefetch: {_one_line(err)}", file=sys.stderr)
+        return EXIT_REFUSED
+    from huggingface_hub import constants
+
+    # the longest prompt sets the KV cache a batch needs (the page's memory arithmetic)
+    longest = max((len(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts), default=0)
+    print(json.dumps({"preset": plan.preset, "target": plan.target, "drafter": plan.drafter,
+                      "tokenizer": plan.tokenizer or plan.target, "prompt_set": plan.prompt_set_name,
+                      "prompts": len(prompts), "max_prompt_tokens": longest,
+                      "target_parameters": sum(p.numel() for p in target.parameters()),
+                      "drafter_parameters": (sum(p.numel() for p in drafter.parameters())
+                                             if drafter is not None else 0),
+                      "hub_cache": str(constants.HF_HUB_CACHE),
+                      "offline": bool(constants.HF_HUB_OFFLINE)}))
+    return 0
+
+
+def _register_status(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``harvest-status``: a harvest folder's manifest status, rows and shards, and its locks."""
+    p = subparsers.add_parser(
+        "harvest-status",
+        help="print a harvest folder's status (complete or not), rows, prompts, shards and lock holders",
+        description="Read DIR/manifest.json and print its status, rows, prompts, shards done out of the total, "
+                    "the missing shards, the runs that wrote it and the lock files beside it with their holders. "
+                    "Exit status: 0 complete, 1 not complete (rerun the harvest command to finish it), 2 no "
+                    "readable manifest.",
+    )
+    p.add_argument("out", type=Path, metavar="DIR", help="the harvest's --out folder")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the summary lines")
+    p.set_defaults(func=cmd_harvest_status)
+
+
+def cmd_harvest_status(args: argparse.Namespace) -> int:
+    """Print :func:`companion.harvest.status.harvest_status` of ``args.out``; 0 when complete."""
+    from companion.harvest.status import harvest_status
+
+    try:
+        info = harvest_status(args.out)
+    except FileNotFoundError:
+        print(f"companion harvest-status: {args.out} holds no manifest.json: not a harvest folder, or the "
+              "harvest has not started", file=sys.stderr)
+        return EXIT_REFUSED
+    except (OSError, ValueError) as err:
+        print(f"companion harvest-status: {_one_line(err)}", file=sys.stderr)
+        return EXIT_REFUSED
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(f"{info['out']}: {info['status']}, {info['rows']:,} rows, {info['prompts']:,} prompts, "
+              f"{info['shards']} of {info['shards_total']} shards")
+        if info["missing_shards"]:
+            print(f"missing shards: {', '.join(map(str, info['missing_shards']))}")
+        for run in info["runs"]:
+            print(f"run finished {run['finished']}: {run['world_size']} process(es), {run['rows']:,} rows")
+        for held in info["locks"]:
+            print(f"lock {held['file']}: held by pid {held['pid']} on {held['host']} since {held['since']}, "
+                  f"last heartbeat {held['untouched_s']} s ago")
+    return 0 if info["status"] == "complete" else 1
