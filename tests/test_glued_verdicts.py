@@ -74,15 +74,6 @@ def test_chapter_10_prose_never_repeats_a_clause(chapter_10: dict) -> None:
         assert not repeated, f"{name} repeats {repeated}: {chapter_10[name]!r}"
 
 
-def test_chapter_8_low_margin_summary_follows_its_numbers(built_book: Path) -> None:
-    v = glued_values(Layout.at(ROOT).executed / "08_real_drafter.ipynb")
-    expected = prose.low_margin_tightness(
-        v["ch8_tight_greedy_lo"], {"multiplicative relaxation": v["ch8_tight_mult_lo"], "top-4": v["ch8_tight_topm_lo"]},
-        overall_greedy=v["ch8_greedy_tight"])
-    assert v["ch8_lowmargin_verdict"] == expected
-    assert v["ch8_margin_trend"] == prose.margin_trend(v["ch8_tight_greedy_lo"], v["ch8_tight_greedy_hi"], "strict greedy")
-
-
 def stability_verdicts_follow(v: dict) -> None:
     """Chapter 7's precision-and-batch sentences, recomputed from the numbers it glues beside them."""
     from companion.analysis import stability as st
