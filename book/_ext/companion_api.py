@@ -168,14 +168,19 @@ def _depart_details(self: Any, node: details) -> None:
 
 
 def fold_details(app: Any, domain: str, objtype: str, contentnode: addnodes.desc_content) -> None:
-    """object-description-transform: keep an entry's first paragraph in view and fold the rest.
+    """object-description-transform: keep an entry's first paragraph in view (after a class's
+    "Bases:" line) and fold the rest.
 
     Nested entries (a class's methods and attributes) and index entries stay outside the box.
     """
     if domain != "py":
         return
     kids = list(contentnode.children)
-    start = 1 if kids and isinstance(kids[0], nodes.paragraph) else 0
+    start = 0
+    if kids and isinstance(kids[0], nodes.paragraph) and kids[0].astext().startswith("Bases:"):
+        start = 1   # a class's base classes (show-inheritance) come before its docstring
+    if len(kids) > start and isinstance(kids[start], nodes.paragraph):
+        start += 1
     folded = [k for k in kids[start:] if not isinstance(k, (addnodes.desc, addnodes.index))]
     if not folded:
         return

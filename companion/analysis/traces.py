@@ -315,7 +315,7 @@ class Summary:
 
     @property
     def infinite_share(self) -> float:
-        """The share of infinite values: ``n_infinite / n`` (NaN when empty)."""
+        """The share of infinite values, ``n_infinite / n`` (NaN when empty)."""
         return self.n_infinite / self.n if self.n else math.nan
 
 
@@ -453,7 +453,7 @@ class BinnedCurves:
 
     @property
     def n_bins(self) -> int:
-        """The number of margin bins: ``len(edges) - 1``."""
+        """The number of margin bins, ``len(edges) - 1``."""
         return len(self.edges) - 1
 
 

@@ -73,7 +73,7 @@ class TopSummary:
 
     @property
     def k(self) -> int:
-        """How many top values each row keeps: ``values.shape[-1]``."""
+        """How many top values each row keeps, ``values.shape[-1]``."""
         return self.values.shape[-1]
 
     def tail_mass(self) -> Tensor:

@@ -238,7 +238,7 @@ class BandCheck:
 
     @property
     def covers(self) -> bool:
-        """Whether the band holds every flip: no flip outside it."""
+        """Whether the band holds every flip (none outside it)."""
         return self.outside == 0
 
 

@@ -178,7 +178,7 @@ class CostSamples:
 
     @property
     def kmax(self) -> int:
-        """The longest draft timed: the largest forward length minus one."""
+        """The longest draft timed, the largest forward length minus one."""
         return max(self.target_s) - 1
 
     @property

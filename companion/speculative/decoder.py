@@ -91,7 +91,7 @@ class SpeculativeResult:
 
     @property
     def rounds(self) -> int:
-        """The number of draft-and-verify rounds: ``len(accepted)``."""
+        """The number of draft-and-verify rounds, ``len(accepted)``."""
         return len(self.accepted)
 
     @property
