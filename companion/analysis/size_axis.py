@@ -44,6 +44,7 @@ class Statistic:
 
     @property
     def key(self) -> tuple[str, str]:
+        """The statistic's ``(column, stat)`` pair, its key in the tables."""
         return (self.column, self.stat)
 
 
@@ -129,6 +130,7 @@ class Estimate:
     high: float
 
     def overlaps(self, other: "Estimate") -> bool:
+        """Whether the two confidence intervals share a point."""
         return not (self.high < other.low or other.high < self.low)
 
 

@@ -187,10 +187,12 @@ class Traces:
 
     @property
     def n_rows(self) -> int:
+        """The number of rows (decoding steps) in the traces."""
         return self.table.num_rows
 
     @property
     def n_trajectories(self) -> int:
+        """The number of trajectories (decoded answers) in the traces."""
         return len(self.lengths)
 
     def column(self, name: str) -> np.ndarray:
@@ -208,6 +210,7 @@ class Traces:
         return self._cache[name]
 
     def has(self, name: str) -> bool:
+        """Whether the traces hold a column named ``name``."""
         return name in self.table.column_names
 
     def padded(self, values: np.ndarray, fill: float) -> np.ndarray:
@@ -265,9 +268,11 @@ class Traces:
 
     # convenience ------------------------------------------------------------------------------
     def cert(self, criterion: str, divergence: str = "forward") -> np.ndarray:
+        """The certificate column of ``criterion`` in ``divergence``, one value per step."""
         return self.column(column_name("cert", criterion, divergence))
 
     def kl(self, divergence: str = "forward") -> np.ndarray:
+        """The per-step KL column in ``divergence`` (``kl_fwd`` or ``kl_rev``), one value per step."""
         return self.column(f"kl_{short_divergence(divergence)}")
 
     def tree_cert(self, m: int, divergence: str = "forward") -> np.ndarray:
@@ -310,6 +315,7 @@ class Summary:
 
     @property
     def infinite_share(self) -> float:
+        """The share of infinite values, ``n_infinite / n`` (NaN when empty)."""
         return self.n_infinite / self.n if self.n else math.nan
 
 
@@ -447,6 +453,7 @@ class BinnedCurves:
 
     @property
     def n_bins(self) -> int:
+        """The number of margin bins, ``len(edges) - 1``."""
         return len(self.edges) - 1
 
 
@@ -659,10 +666,12 @@ class SoundnessReport:
 
     @property
     def total_violations(self) -> int:
+        """Certified-but-rejected steps, summed over criteria."""
         return sum(self.violations.values())
 
     @property
     def total_mismatches(self) -> int:
+        """Stored flags that disagree with their recomputation, summed over flags."""
         return sum(self.flag_mismatches.values())
 
 

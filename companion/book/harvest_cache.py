@@ -38,6 +38,7 @@ class ChapterTraces:
 
     @property
     def preset(self) -> str:
+        """The preset the harvest ran, from its manifest (``(unknown)`` when absent)."""
         return str(self.manifest.get("extra", {}).get("preset", "(unknown)"))
 
     def describe(self) -> str:

@@ -65,7 +65,7 @@ class TopSummary:
     tail: Tensor | None = None
     logs: Tensor | None = None
     top_logits: Tensor | None = None
-    log_err: Tensor | None = None
+    log_err: Tensor | None = None  # [N]: a bound on |log lambda|, each value's relative rounding
     tail_err: Tensor | None = None
     entropy_err: Tensor | None = None
     band: Tensor | None = None
@@ -73,6 +73,7 @@ class TopSummary:
 
     @property
     def k(self) -> int:
+        """How many top values each row keeps, ``values.shape[-1]``."""
         return self.values.shape[-1]
 
     def tail_mass(self) -> Tensor:

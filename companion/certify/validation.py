@@ -48,6 +48,7 @@ def _first_bad(mask: Tensor, lead_shape: torch.Size) -> str:
 
 
 def check_divergence(divergence: str) -> str:
+    """``divergence`` if it is one of the known divergences, else a ValueError."""
     if divergence not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {divergence!r}")
     return divergence
@@ -171,6 +172,7 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def check_tree_width(m: int, vocab: int) -> int:
+    """``m`` if it is an integer tree width with ``1 <= m < vocab``, else a ValueError."""
     if isinstance(m, bool) or not isinstance(m, int):
         raise ValueError(f"tree width m must be an integer, got {m!r}")
     if m < 1:

@@ -41,6 +41,7 @@ class ChapterJob:
 
 
 def main(argv: list[str]) -> int:
+    """Run one chapter's harvest job from its JSON spec (``argv[0]``); the exit status."""
     from companion.harvest import harvest
 
     spec = json.loads(argv[0])

@@ -282,6 +282,7 @@ def compare_steps(a: pa.Table, b: pa.Table, dtype: str = "bfloat16", ulps: float
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``full-profile`` subcommand to the command line's parser."""
     p = subparsers.add_parser(
         "full-profile",
         help="run the paper's protocol at its size on the 1.5B (500 prompts x 128 steps; resumable) and "
@@ -298,6 +299,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_full_profile(args: argparse.Namespace) -> int:
+    """Run the ``full-profile`` subcommand: harvest the full profile, then write its summary."""
     from companion.harvest.cli import main as harvest_main
 
     status = harvest_main(PROFILE.harvest_argv(args.run_dir)[1:])

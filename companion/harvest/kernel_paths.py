@@ -49,11 +49,13 @@ class PathRows:
     z2: np.ndarray  # float64 [N]: the second largest (equal to z1 at an exact tie)
 
     def to_json(self) -> dict[str, list[Any]]:
+        """The four columns as JSON lists."""
         return {"token": self.token.tolist(), "runner_up": self.runner_up.tolist(),
                 "z1": self.z1.tolist(), "z2": self.z2.tolist()}
 
     @classmethod
     def from_json(cls, data: dict[str, list[Any]]) -> PathRows:
+        """The rows that :meth:`to_json` wrote."""
         return cls(np.asarray(data["token"], dtype=np.int64), np.asarray(data["runner_up"], dtype=np.int64),
                    np.asarray(data["z1"], dtype=np.float64), np.asarray(data["z2"], dtype=np.float64))
 
@@ -184,6 +186,7 @@ class Flip:
 
     @property
     def widest(self) -> float:
+        """The wider of the two paths' top-2 gaps at the flip, in ulps."""
         return max(self.gap_ulps_a, self.gap_ulps_b)
 
 
@@ -235,6 +238,7 @@ class BandCheck:
 
     @property
     def covers(self) -> bool:
+        """Whether the band holds every flip (none outside it)."""
         return self.outside == 0
 
 

@@ -208,6 +208,7 @@ class Workspace:
         self._bufs: dict[str, Tensor] = {}
 
     def get(self, name: str, like: Tensor, dtype: torch.dtype) -> Tensor:
+        """A reusable buffer named ``name`` of ``like``'s shape and device in ``dtype`` (allocated on a change)."""
         buf = self._bufs.get(name)
         if buf is None or buf.shape != like.shape or buf.dtype != dtype or buf.device != like.device:
             buf = torch.empty(like.shape, dtype=dtype, device=like.device)

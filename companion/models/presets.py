@@ -103,16 +103,19 @@ class Preset:
 
     @property
     def target(self) -> str:
+        """The target's model name (its Hugging Face id, or the preset's name for a built model)."""
         return self.target_source.name if self.target_source.kind == "pretrained" else self.name
 
     @property
     def drafter(self) -> str | None:
+        """The drafter's model name (as for the target), or None for a target alone."""
         if self.drafter_source is None:
             return None
         return self.drafter_source.name if self.drafter_source.kind == "pretrained" else self.name
 
     @property
     def tokenizer(self) -> str | None:
+        """The Hugging Face id of the tokenizer, or None when it comes with the model."""
         source = self.tokenizer_source
         return source.name if source is not None and source.kind == "pretrained" else None
 
@@ -203,6 +206,7 @@ def preset_names() -> list[str]:
 
 
 def get_preset(name: str) -> Preset:
+    """The harvest preset named ``name``; a ValueError naming the known ones otherwise."""
     if name not in PRESETS:
         raise ValueError(f"unknown harvest preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[name]

@@ -88,10 +88,12 @@ class PolicyComparison:
 
     @property
     def policies(self) -> list[str]:
+        """The policies compared, in the order they ran."""
         return list(self.results)
 
     @property
     def lossless(self) -> bool:
+        """Whether every policy's output was the target's greedy decoding."""
         return not self.lossless_failures
 
     def tokens(self) -> np.ndarray:
@@ -113,6 +115,7 @@ class PolicyComparison:
         return kept[3].copy()
 
     def summary(self, policy: str) -> PolicySummary:
+        """One policy over all prompts: tokens, forwards per token, accepted per round, cost, speed."""
         rs = self.results[policy]
         n_tok = sum(len(r.tokens) for r in rs)
         rounds = sum(r.rounds for r in rs)
@@ -127,6 +130,7 @@ class PolicyComparison:
         )
 
     def summaries(self) -> list[PolicySummary]:
+        """:meth:`summary` of every policy, in order."""
         return [self.summary(p) for p in self.policies]
 
     def best_builtin(self) -> str:

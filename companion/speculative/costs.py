@@ -178,10 +178,12 @@ class CostSamples:
 
     @property
     def kmax(self) -> int:
+        """The longest draft timed, the largest forward length minus one."""
         return max(self.target_s) - 1
 
     @property
     def repeats(self) -> int:
+        """How many times each forward was timed."""
         return len(self.drafter_s)
 
     def model(self) -> CostModel:
@@ -198,11 +200,13 @@ class CostSamples:
         return min(ratios), statistics.median(ratios), max(ratios)
 
     def to_json(self) -> dict[str, Any]:
+        """The samples as a JSON-ready dict."""
         return {"context": self.context, "threads": self.threads, "drafter_s": list(self.drafter_s),
                 "target_s": {str(n): list(v) for n, v in sorted(self.target_s.items())}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "CostSamples":
+        """The samples that :meth:`to_json` wrote; a ValueError on a malformed dict."""
         try:
             target = {int(n): tuple(float(x) for x in v) for n, v in data["target_s"].items()}
             samples = cls(target_s=target, drafter_s=tuple(float(x) for x in data["drafter_s"]),

@@ -91,6 +91,7 @@ class SpeculativeResult:
 
     @property
     def rounds(self) -> int:
+        """The number of draft-and-verify rounds, ``len(accepted)``."""
         return len(self.accepted)
 
     @property
@@ -105,6 +106,7 @@ class SpeculativeResult:
 
     @property
     def tokens_per_second(self) -> float:
+        """Tokens generated per second of wall clock (NaN when no time was measured)."""
         return len(self.tokens) / self.timings.wall_s if self.timings.wall_s > 0 else math.nan
 
 

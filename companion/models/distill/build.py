@@ -57,6 +57,7 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 
 def package_versions() -> dict[str, str]:
+    """The versions of Python, torch, transformers and safetensors, by name."""
     import safetensors
     import transformers
 

@@ -50,6 +50,7 @@ class DrafterConfig:
             raise ValueError("drafter recipe: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
+        """The configuration as a plain dict (for JSON)."""
         return dataclasses.asdict(self)
 
 

@@ -36,6 +36,7 @@ class Example:
 
     @property
     def n_answer(self) -> int:
+        """The number of answer steps the example holds."""
         return int(self.top_ids.shape[0])
 
 

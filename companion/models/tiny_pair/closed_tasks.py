@@ -97,6 +97,7 @@ def _pick(rng: random.Random, *options: str) -> str:
 
 
 def task_capital(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on a country's capital."""
     country, capital = rng.choice(CAPITALS)
     if rng.random() < 0.7:
         q = _pick(rng, f"What is the capital of {country}?", f"Which city is the capital of {country}?",
@@ -110,6 +111,7 @@ def task_capital(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_next_name(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on the weekday or month after (or before) a given one."""
     seq, what = (WEEKDAYS, "day") if rng.random() < 0.5 else (MONTHS, "month")
     i = rng.randrange(len(seq))
     x = seq[i]
@@ -125,6 +127,7 @@ def task_next_name(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_sequence(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair continuing a run of weekdays, months or letters."""
     seq = (WEEKDAYS, MONTHS, LETTERS)[rng.randrange(3)]
     i = rng.randrange(len(seq))
     shown = [seq[(i + j) % len(seq)] for j in range(rng.randint(3, 5))]
@@ -136,6 +139,7 @@ def task_sequence(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_opposite(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on a word's opposite."""
     w, o = rng.choice(OPPOSITES)
     if rng.random() < 0.5:
         w, o = o, w
@@ -145,6 +149,7 @@ def task_opposite(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_category(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on which category a thing belongs to."""
     cat = rng.choice(list(CATEGORIES))
     x = rng.choice(CATEGORIES[cat])
     others = rng.sample([c for c in CATEGORIES if c != cat], 2)
@@ -159,6 +164,7 @@ def task_category(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_animal(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on an animal's sound or its young."""
     animal, sound, young = rng.choice(ANIMAL_FACTS)
     if rng.random() < 0.5:
         q = _pick(rng, f"What sound does {_a(animal)} make?", f"What noise does {_a(animal)} make?",
@@ -172,6 +178,7 @@ def task_animal(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_days_in_month(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on the number of days in a month."""
     month = rng.choice(MONTHS)
     days = DAYS_IN_MONTH[month]
     q = _pick(rng, f"How many days are there in {month}?", f"How many days does {month} have?",
@@ -180,6 +187,7 @@ def task_days_in_month(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_month_number(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair between a month and its number in the year."""
     k = rng.randrange(12)
     month = MONTHS[k]
     if rng.random() < 0.5:
@@ -192,6 +200,7 @@ def task_month_number(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_plural(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on a word's plural."""
     word, plural = rng.choice(PLURALS)
     q = _pick(rng, f"What is the plural of {word}?", f"Give the plural form of \"{word}\".",
               f"How do you write more than one {word}?")
@@ -200,6 +209,7 @@ def task_plural(rng: random.Random, m: Material) -> tuple[str, str]:
 
 
 def task_fruit_color(rng: random.Random, m: Material) -> tuple[str, str]:
+    """A (question, answer) pair on the color of a ripe fruit."""
     fruit, colors = rng.choice(FRUIT_COLORS)
     q = _pick(rng, f"What color is a ripe {fruit}?", f"Which color does a ripe {fruit} have?",
               f"Tell me the color of a ripe {fruit}.")

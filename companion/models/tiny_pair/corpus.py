@@ -42,6 +42,7 @@ class SourceFile:
 
     @property
     def held_out(self) -> bool:
+        """Whether the file belongs to the held-out split."""
         return is_held_out(self.relpath)
 
 

@@ -240,6 +240,7 @@ def as_one_line(err: BaseException, root: Path, what: str) -> WeightsUnavailable
 
 
 def safetensors_errors() -> tuple[type[BaseException], ...]:
+    """The exception types safetensors raises on a bad file (none when it is not installed)."""
     try:
         from safetensors import SafetensorError
     except ImportError:  # pragma: no cover - safetensors is a dependency
