@@ -22,4 +22,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_js_file("companion-fit.js")
     # companion-search.js: search results (titles and snippets) show math as text, not raw TeX.
     app.add_js_file("companion-search.js")
+    # companion_figures: phone variants of figures (<picture>), tables numbered from 1 on every page.
+    app.setup_extension("companion_figures")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
