@@ -155,3 +155,39 @@ def test_publishing_moves_a_phone_variant_with_its_figure(tmp_path) -> None:
     names = publish_figures("01_x", sorted(work.iterdir()), RunRecord(), target)
     assert names == ["a", "b"]
     assert sorted(p.name for p in target.iterdir()) == ["a.pdf", "a.phone.png", "a.png", "b.pdf", "b.png"]
+
+
+def test_every_experiment_figure_reads_at_9_px_on_a_phone_and_its_labels_stay_apart(tmp_path) -> None:
+    """The chapter 7-8 figures (drawn on synthetic traces): each one's phone variant reads >= 9 px
+    at 342 px, its x tick labels and axis labels do not run into each other there, and the figure
+    the notebook shows afterwards is the one drawn."""
+    from companion.figures import PHONE_MIN_PX, phone_variant, save_figure
+    from tests.figure_checks import drawn, overlapping
+    from tests.test_analysis import synthetic_traces
+    from tests.test_experiment_figures import _all_figures
+
+    traces = synthetic_traces(seed=2, lengths=(9, 14, 3, 11, 6))[0]
+    for name, fig in _all_figures(traces).items():
+        size = tuple(fig.get_size_inches())
+        save_figure(fig, name, tmp_path)
+        variant = tmp_path / f"{name}.phone.png"
+        assert variant.is_file(), f"{name}: no phone variant"
+        assert phone_px(variant) >= PHONE_MIN_PX, (name, phone_px(variant))
+        assert tuple(fig.get_size_inches()) == size
+        with phone_variant(fig):
+            renderer = drawn(fig).canvas.get_renderer()
+            for ax in fig.axes:
+                shown = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text().strip()]
+                flat = [t.get_window_extent(renderer) for t in shown if t.get_rotation() == 0]
+                assert overlapping(flat, pad=1.0) == [], f"{name}: x tick labels collide on a phone"
+                angled = sorted((t for t in shown if t.get_rotation() != 0), key=lambda t: t.get_position()[0])
+                for a, b in zip(angled, angled[1:]):   # parallel slanted lines: apart by spacing x sin(angle)
+                    spacing = abs(ax.transData.transform((b.get_position()[0], 0))[0]
+                                  - ax.transData.transform((a.get_position()[0], 0))[0])
+                    lines = max(a.get_text().count("\n"), b.get_text().count("\n")) + 1
+                    height = a.get_fontsize() * fig.dpi / 72 * 1.2 * lines
+                    assert spacing * np.sin(np.radians(a.get_rotation())) >= height * 0.9, \
+                        f"{name}: slanted x tick labels {a.get_text()!r}, {b.get_text()!r} collide on a phone"
+            xlabels = [ax.xaxis.label.get_window_extent(renderer) for ax in fig.axes
+                       if ax.get_visible() and ax.xaxis.label.get_text().strip()]
+            assert overlapping(xlabels, pad=1.0) == [], f"{name}: axis labels collide on a phone"

@@ -220,7 +220,7 @@ def test_status_page_lists_every_parameter_and_the_threads_used() -> None:
     assert "**changed:** `device='cpu'` (notebook: `\"auto\"`), `n_prompts=4` (notebook: `16`)." in seven, seven
     assert ("**as in the notebook:** `preset=\"qwen2.5-coder\"`, `seed=0`, `batch_size=16`, "
             "`harvest_threads=2`.") in seven, seven
-    assert "kernel: 1 to 2 torch threads (started with `OMP_NUM_THREADS=1`); harvest qwen2.5-coder: " \
+    assert "kernel: 1 to 2 torch threads (the run started it with 1); harvest qwen2.5-coder: " \
            "1 process x 2 torch threads" in seven, seven
     one = rows["01_theory"]
     assert "**changed:**" not in one and "`device='cpu'`, `vocab=12`" in one and "kernel: 1 torch thread (" in one

@@ -278,7 +278,8 @@ def _parameters(run: ChapterExecution) -> str:
     if not run.defaults:   # a record written before the defaults were recorded: what was injected
         shown = [f"`{k}={_value(repr(v))}`" for k, v in sorted(run.parameters.items())]
         return ", ".join(shown) if shown else "(defaults of the notebook)"
-    defaults = dict((name, text) for name, text in run.defaults)
+    pairs = run.defaults.items() if isinstance(run.defaults, dict) else run.defaults   # a hand-edited record
+    defaults = {str(name): str(text) for name, text in pairs}
     changed, kept = [], []
     for name, default in defaults.items():
         if name in run.parameters and not _same(run.parameters[name], default):
@@ -303,8 +304,8 @@ def _threads(run: ChapterExecution) -> str:
     """The threads a chapter ran on: its kernel's torch threads (as the kernel noted them after its
     cells, and what the run started it with) and each harvest's processes and threads."""
     parts = []
-    started = (f"started with `OMP_NUM_THREADS={run.start_threads}`" if run.start_threads is not None
-               else "started with torch's default")
+    started = (f"the run started it with {run.start_threads}" if run.start_threads is not None
+               else "the run left torch's default")
     if run.kernel_threads:
         low, high = min(run.kernel_threads), max(run.kernel_threads)
         count = _plural(low, "torch thread") if low == high else f"{low} to {high} torch threads"

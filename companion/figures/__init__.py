@@ -138,16 +138,21 @@ def phone_variant(fig, smallest_pt: float | None = None) -> Iterator[bool]:
 
     The figure is made narrower, fonts and height unchanged, until its smallest font reads at
     least :data:`PHONE_TARGET_PX` at :data:`PHONE_COLUMN_PX` (panels get narrower; nothing is
-    added or removed); a figure legend laid out in several columns that is then wider than the
-    figure gets as many fewer columns as it needs. Size and legends are restored afterwards, so
-    the notebook shows the figure as drawn.
+    added or removed); a legend laid out in several columns that then sticks out of the figure
+    gets as many fewer columns as it needs, x tick labels that then run into each other are set at
+    an angle, and an x axis label or title wider than its panel (a figure title wider than the
+    figure) goes onto two lines. Size, legends and labels
+    are restored afterwards, so the notebook shows the figure as drawn.
     """
     smallest = smallest_font_pt(fig) if smallest_pt is None else smallest_pt
     if phone_text_px(smallest, saved_width_in(fig)) >= PHONE_MIN_PX:
         yield False
         return
     size = tuple(fig.get_size_inches())
-    legends = [(leg, leg._ncols) for leg in fig.legends if getattr(leg, "_ncols", 1) > 1]
+    legends = [(leg, leg._ncols) for leg in [*fig.legends, *(ax.get_legend() for ax in fig.axes)]
+               if leg is not None and getattr(leg, "_ncols", 1) > 1]
+    ticks: dict = {}   # tick label -> (rotation, ha, rotation_mode) as drawn, for those set at an angle
+    labels: dict = {}  # axis label -> its text as drawn, for those broken onto two lines
     # the widest saved figure whose smallest font still reads PHONE_TARGET_PX on the phone
     goal = smallest / 72.0 * PHONE_COLUMN_PX / PHONE_TARGET_PX
     try:
@@ -158,16 +163,71 @@ def phone_variant(fig, smallest_pt: float | None = None) -> Iterator[bool]:
             width = fig.get_size_inches()[0] * goal / saved
             fig.set_size_inches(max(width, PHONE_NARROWEST_IN), size[1])
             renderer = _drawn(fig)
-            for leg, _ in legends:   # a legend wider than the figure widens the saved PNG: fewer columns
-                while leg._ncols > 1 and leg.get_window_extent(renderer).width > fig.bbox.width:
+            for leg, _ in legends:   # a legend that sticks out of the figure widens the PNG: fewer columns
+                while leg._ncols > 1 and _sticks_out(leg.get_window_extent(renderer), fig.bbox):
                     _legend_columns(leg, leg._ncols - 1)
                     renderer = _drawn(fig)
+            if _angle_crowded_ticks(fig, renderer, ticks) | _break_wide_labels(fig, renderer, labels):
+                _drawn(fig)
         yield True
     finally:
+        for label, text in labels.items():
+            label.set_text(text)
+        for label, (rotation, ha, mode) in ticks.items():
+            label.set_rotation(rotation)
+            label.set_ha(ha)
+            label.set_rotation_mode(mode)
         fig.set_size_inches(*size)
         for leg, ncols in legends:
             if leg._ncols != ncols:
                 _legend_columns(leg, ncols)
+
+
+def _angle_crowded_ticks(fig, renderer, saved: dict) -> bool:
+    """Set the x tick labels of each axes whose neighbouring labels overlap at 35 degrees (right
+    end at the tick), noting how each was drawn in ``saved``; returns whether any was changed."""
+    changed = False
+    for ax in fig.axes:
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text().strip()]
+        boxes = sorted((t.get_window_extent(renderer) for t in labels if t.get_rotation() == 0), key=lambda b: b.x0)
+        if not any(a.x1 > b.x0 + 1 for a, b in zip(boxes, boxes[1:])):
+            continue
+        for label in labels:
+            saved.setdefault(label, (label.get_rotation(), label.get_ha(), label.get_rotation_mode()))
+            label.set_rotation(35)
+            label.set_ha("right")
+            label.set_rotation_mode("anchor")
+        changed = True
+    return changed
+
+
+def _break_wide_labels(fig, renderer, saved: dict) -> bool:
+    """Break onto two lines each x axis label or title wider than its panel and a figure title that
+    sticks out of the figure, at the space nearest its middle outside math (``$...$``), noting its
+    text in ``saved``; returns whether any was broken."""
+    wide = []
+    for ax in fig.axes:
+        wide += [t for t in (ax.xaxis.label, ax.title, ax._left_title, ax._right_title)
+                 if t.get_visible() and t.get_window_extent(renderer).width > ax.bbox.width + 1]
+    title = getattr(fig, "_suptitle", None)
+    if title is not None and title.get_visible() and _sticks_out(title.get_window_extent(renderer), fig.bbox):
+        wide.append(title)
+    changed = False
+    for label in wide:
+        text = label.get_text()
+        spaces = [i for i, c in enumerate(text) if c == " " and text[:i].count("$") % 2 == 0]
+        if label in saved or "\n" in text or not spaces:
+            continue
+        at = min(spaces, key=lambda i: abs(i - len(text) / 2))
+        saved[label] = text
+        label.set_text(text[:at] + "\n" + text[at + 1:])
+        changed = True
+    return changed
+
+
+def _sticks_out(box, figure_box) -> bool:
+    """Whether ``box`` reaches past the left or right edge of the figure (a pixel's slack)."""
+    return bool(box.x0 < figure_box.x0 - 1 or box.x1 > figure_box.x1 + 1)
 
 
 def _legend_columns(legend, ncols: int) -> None:
