@@ -96,7 +96,7 @@ LONGEST_FILES = ("test_book_browser.py", "test_harvest.py", "test_drafter_side.p
 # pytest-xdist, so one worker builds the book and then reads it while the other runs everything
 # else; as separate files, a second worker reached one of them early and waited on the build's
 # lock for minutes (measured: 432 s idle in a 1,243 s run).
-BOOK_FILES = ("test_book_browser.py", "test_glued_verdicts.py", "test_book_links.py")
+BOOK_FILES = ("test_book_browser.py", "test_glued_verdicts.py", "test_book_links.py", "test_phone_pages.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

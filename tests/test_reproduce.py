@@ -22,7 +22,7 @@ from tests.conftest import ROOT, write_notebook
 PLANNED = [
     "01_criteria_level_sets", "02_exact_certificate", "03_strict_greedy", "04_relaxed_criteria",
     "05_tree_decoding", "06_stochastic_contrast", "07_paper_evaluation", "08_real_drafter",
-    "09_your_own_models", "10_decode_time",
+    "09_your_own_models", "10_decode_time", "11_on_the_clock", "12_precision_and_ties",
 ]
 
 QUIET = dict(log=lambda *_: None)
@@ -202,6 +202,46 @@ def test_status_page_reports_runs_missing_and_stale_chapters() -> None:
     assert "| `fig_a` | [07_eval](../notebooks/07_eval.ipynb) | {download}`PNG <../figures/fig_a.png>`" in md
 
 
+def test_status_page_lists_every_parameter_and_the_threads_used() -> None:
+    """Each chapter's row names the values the run changed (with the notebook's default), the
+    defaults it kept, and the threads of its kernel and of each harvest; no "one thread each"."""
+    run = _run("07_eval", parameters={"device": "cpu", "n_prompts": 4, "seed": 0}, jobs=2,
+               defaults=[["preset", '"qwen2.5-coder"'], ["device", '"auto"'], ["seed", "0"], ["n_prompts", "16"],
+                         ["batch_size", "16"], ["harvest_threads", "2"]],
+               start_threads=1, kernel_threads=[1, 2], harvest_threads=["qwen2.5-coder: 1 process x 2 torch threads"])
+    theory = _run("01_theory", parameters={"device": "cpu", "seed": 0}, jobs=2,
+                  defaults=[["seed", "0"], ["device", '"cpu"'], ["vocab", "12"]], start_threads=1, kernel_threads=[1])
+    old = _run("02_old", parameters={"device": "cpu", "seed": 0})   # recorded before defaults were
+    md = render_status_markdown(RunRecord({"07_eval": run, "01_theory": theory, "02_old": old}),
+                                [("01_theory", "", "abc"), ("02_old", "", "abc"), ("07_eval", "", "abc")])
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines()
+            if line.startswith("| ") and line.count(" | ") == 3 and "Chapter" not in line}
+    seven = rows["07_eval"]
+    assert "**changed:** `device='cpu'` (notebook: `\"auto\"`), `n_prompts=4` (notebook: `16`)." in seven, seven
+    assert ("**as in the notebook:** `preset=\"qwen2.5-coder\"`, `seed=0`, `batch_size=16`, "
+            "`harvest_threads=2`.") in seven, seven
+    assert "kernel: 1 to 2 torch threads (the run started it with 1); harvest qwen2.5-coder: " \
+           "1 process x 2 torch threads" in seven, seven
+    one = rows["01_theory"]
+    assert "**changed:**" not in one and "`device='cpu'`, `vocab=12`" in one and "kernel: 1 torch thread (" in one
+    assert "`device='cpu'`, `seed=0`" in rows["02_old"]
+    assert "one thread each" not in md and "Threads column" in md
+    assert md.count("| Chapter | Preset and models | Parameters | Threads |") == 1
+
+
+def test_harvest_threads_are_read_from_the_manifests(tmp_path: Path) -> None:
+    from companion.book.record import harvest_threads
+
+    for name, world, cfg in (("a", 2, {"device_type": "cpu", "numerics": {"torch_threads": 1}}),
+                             ("b", 1, {"device_type": "cuda", "numerics": {"gpu": "H100"}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(json.dumps(
+            {"extra": {"preset": f"p{name}"}, "config": cfg, "environment": {"world_size": world}}))
+    assert harvest_threads([tmp_path / "a", tmp_path / "b", tmp_path / "missing"]) == \
+        ["pa: 2 processes x 1 torch thread", "pb: 1 process on cuda"]
+    assert harvest_threads(None) == []
+
+
 def test_status_page_says_whether_the_paper_presets_ran() -> None:
     chapters = [("07_eval", "../notebooks/07_eval.ipynb", "abc")]
     ran = render_status_markdown(RunRecord({"07_eval": _run("07_eval")}), chapters)
@@ -290,9 +330,11 @@ def test_reproduce_executes_records_and_builds(make_project, monkeypatch, tmp_pa
     assert f"interpreter {sys.executable}" in outputs   # the kernel runs this venv's Python
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
                for c in executed.cells for o in c.get("outputs", [])), "figure not embedded inline"
-    assert sorted(p.name for p in layout.figures.iterdir()) == ["ok_line.pdf", "ok_line.png"]
+    # pyplot's default figure (6.4 in, 10 pt) reads under 9 px on a phone: it gets a phone variant
+    assert sorted(p.name for p in layout.figures.iterdir()) == ["ok_line.pdf", "ok_line.phone.png", "ok_line.png"]
     run = load_record(layout.record).chapters["01_ok"]
     assert run.parameters == {"device": "cpu", "seed": 7} and run.figures == ["ok_line"]
+    assert run.defaults == [["device", "'auto'"], ["seed", "0"], ["n_points", "3"]]
     assert run.profile == "cpu" and run.seconds > 0
     assert any("02_not_written" in m and "does not exist" in m for m in messages)
     status = (layout.html / "book" / "reproduction_status.html").read_text()
@@ -305,21 +347,23 @@ def test_reproduce_executes_records_and_builds(make_project, monkeypatch, tmp_pa
 
 @pytest.mark.book
 def test_parallel_run_records_the_same_as_one_at_a_time(make_project, monkeypatch) -> None:
-    """``jobs=2``: two kernels at once (one thread each), the longest chapter first; the record,
-    the figures and the executed notebooks are those of a run one chapter at a time."""
+    """``jobs=2``: two kernels at once (each started with one thread), the longest chapter first; the
+    record, the figures and the executed notebooks are those of a run one chapter at a time; the
+    record notes the torch threads each kernel had (one, then torch's default one at a time)."""
     root = make_project("01_a", "02_b")
     for name in ("01_a", "02_b"):
         write_notebook(root / "notebooks" / f"{name}.ipynb", "device = 'cpu'\nseed = 0\nn_points = 3",
                        FIGURE_CELL.replace("'ok_line'", f"'{name}_line'"),
-                       "import os\nprint('threads', os.environ.get('OMP_NUM_THREADS'))")
+                       "import os, torch\nprint('threads', os.environ.get('OMP_NUM_THREADS'))")
     layout = Layout.at(root)
     messages: list[str] = []
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set by the test workers themselves
     reproduce(layout, "cpu", jobs=2, build=False, log=messages.append)
-    assert "running 2 chapters at a time (one thread each)" in messages
+    assert "running 2 chapters at a time (each kernel started with OMP_NUM_THREADS=1)" in messages
     parallel = load_record(layout.record)
     for run in parallel.chapters.values():
         assert run.jobs == 2 and 1 <= len(run.slowest_cells) <= 3, run
+        assert run.start_threads == 1 and run.kernel_threads == [1], run
         assert run.slowest_cells[0]["seconds"] >= run.slowest_cells[-1]["seconds"]
         assert run.slowest_cells[0]["source"] and not run.slowest_cells[0]["source"].startswith("#")
     status = render_status_markdown(parallel, [(n, "", None) for n in parallel.chapters])
@@ -328,13 +372,15 @@ def test_parallel_run_records_the_same_as_one_at_a_time(make_project, monkeypatc
                           for o in c.get("outputs", [])) for n in ("01_a", "02_b")}
     assert all("threads 1" in text for text in outputs.values()), outputs
     figures = sorted(p.name for p in layout.figures.iterdir())
-    assert figures == sorted(f"{n}_line.{ext}" for n in ("01_a", "02_b") for ext in ("pdf", "png"))
+    assert figures == sorted(f"{n}_line.{ext}" for n in ("01_a", "02_b") for ext in ("pdf", "phone.png", "png"))
 
     reproduce(layout, "cpu", jobs=1, build=False, log=messages.append)
     serial = load_record(layout.record)
     text = nbformat.read(layout.executed / "01_a.ipynb", as_version=4)
     assert "threads None" in "".join(o.get("text", "") for c in text.cells for o in c.get("outputs", []))
     assert list(parallel.chapters) == list(serial.chapters) == ["01_a", "02_b"]
+    assert serial.chapters["01_a"].start_threads is None   # torch's default: one count, noted by the kernel
+    assert len(serial.chapters["01_a"].kernel_threads) == 1 and serial.chapters["01_a"].kernel_threads[0] >= 1
     for name in serial.chapters:
         a, b = parallel.chapters[name], serial.chapters[name]
         assert (a.parameters, a.figures, a.source_sha256) == (b.parameters, b.figures, b.source_sha256), name

@@ -24,4 +24,6 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_js_file("companion-search.js")
     # companion_api: the API reference's entries (short values, field comments, folded details).
     app.setup_extension("companion_api")
+    # companion_figures: phone variants of figures (<picture>), tables numbered from 1 on every page.
+    app.setup_extension("companion_figures")
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -38,6 +38,44 @@ def note_harvest(traces_dir: str | os.PathLike[str]) -> None:
         handle.write(str(Path(traces_dir).resolve()) + "\n")
 
 
+#: Where the kernel of a chapter run by ``companion reproduce`` notes its torch threads (a JSON file):
+#: the run's kernelspec loads this module as an IPython extension (:func:`load_ipython_extension`).
+THREAD_NOTES_ENV = "COMPANION_THREAD_NOTES"
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """In a chapter's kernel: after every cell, note ``torch.get_num_threads()`` (once the chapter has
+    imported torch) in the file :data:`THREAD_NOTES_ENV` names, as ``{"torch_threads": [each count
+    seen, in order], "last": the count after the last cell}``, for the run record. Threads a cell
+    sets and restores within itself (a harvest's ``cpu_threads``) are recorded by its manifest."""
+    notes = os.environ.get(THREAD_NOTES_ENV)
+    if not notes:
+        return
+    seen: list[int] = []
+
+    def note(*_: Any) -> None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        n = int(torch.get_num_threads())
+        if seen and seen[-1] == n:
+            return
+        seen.append(n)
+        Path(notes).parent.mkdir(parents=True, exist_ok=True)
+        Path(notes).write_text(json.dumps({"torch_threads": sorted(set(seen)), "last": n}), encoding="utf-8")
+
+    shell.events.register("post_run_cell", note)
+
+
+def noted_threads(path: Path) -> dict[str, Any]:
+    """What :func:`load_ipython_extension` noted (empty if the chapter never imported torch)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def noted_harvests(path: Path) -> list[str]:
     """The harvest folders noted in ``path`` (:func:`note_harvest`), each once, in the order first noted."""
     try:
@@ -88,7 +126,9 @@ def write_kernelspec(directory: Path) -> Path:
     spec = directory / "kernels" / KERNEL_NAME
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # the extension notes the kernel's torch threads for the run record (load_ipython_extension)
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                 f"--IPKernelApp.extensions={__name__}"],
         "display_name": "Python 3 (ipykernel)",
         "language": "python",
     }, indent=1), encoding="utf-8")
@@ -143,13 +183,16 @@ def strip_ansi(text: str) -> str:
 @dataclass(frozen=True)
 class ExecutedChapter:
     """What one successful execution gives back: its wall time, the figure files it wrote, its
-    slowest cells (:func:`slowest_cells`) and the harvest folders it analysed
-    (:func:`note_harvest`)."""
+    slowest cells (:func:`slowest_cells`), the harvest folders it analysed (:func:`note_harvest`),
+    the torch threads its kernel ran with (:func:`noted_threads`) and the ``OMP_NUM_THREADS`` the
+    run started it with (None: torch's default)."""
 
     seconds: float
     figures: list[Path]
     slowest_cells: list[dict[str, Any]]
     harvests: list[str] = field(default_factory=list)
+    kernel_threads: dict[str, Any] = field(default_factory=dict)
+    start_threads: int | None = None
 
 
 def cell_label(source: str) -> str:
@@ -222,6 +265,8 @@ def execute_chapter(
     out.parent.mkdir(parents=True, exist_ok=True)
     notes = work / "harvests" / f"{chapter.name}.txt"
     notes.unlink(missing_ok=True)
+    thread_notes = work / "threads" / f"{chapter.name}.json"
+    thread_notes.unlink(missing_ok=True)
     pythonpath = os.pathsep.join(filter(None, [str(layout.root), os.environ.get("PYTHONPATH")]))
     jupyter_path = os.pathsep.join(filter(None, [str(work / "jupyter"), os.environ.get("JUPYTER_PATH")]))
     env = {
@@ -230,6 +275,7 @@ def execute_chapter(
         "PYTHONPATH": pythonpath,
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",   # silences a debugger warning at kernel start
         HARVEST_NOTES_ENV: str(notes),            # the harvests the chapter analyses, for the record
+        THREAD_NOTES_ENV: str(thread_notes),      # the kernel's torch threads, for the record
     }
     if threads is not None:
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
@@ -259,4 +305,4 @@ def execute_chapter(
     if stale_failure.exists():
         stale_failure.unlink()
     return ExecutedChapter(seconds, sorted(p for p in figures.iterdir() if not p.name.startswith(".")), slowest,
-                           noted_harvests(notes))
+                           noted_harvests(notes), noted_threads(thread_notes), threads)

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from companion.figures import FIGURE_MARKER
+from companion.figures import FIGURE_MARKER, PHONE_SUFFIX
 from companion.book.record import (
     RunRecord,
 )
@@ -16,9 +16,11 @@ def publish_figures(chapter: str, files: list[Path], record: RunRecord, target: 
     """Move a chapter's new figure files into ``target`` and drop its figures that are gone.
 
     Two chapters may not write the same figure name: the status page must say which one
-    produced each figure.
+    produced each figure. A figure's phone variant (``NAME.phone.png``, written by
+    ``save_figure`` when the figure reads too small on a phone) travels with it, and a variant the
+    new run did not write is removed; the names returned are the figures' alone.
     """
-    names = sorted({p.stem for p in files})
+    names = sorted({figure_name(p) for p in files})
     for name in names:
         owner = record.figure_owner(name)
         if owner is not None and owner != chapter:
@@ -27,8 +29,12 @@ def publish_figures(chapter: str, files: list[Path], record: RunRecord, target: 
     old = record.chapters.get(chapter)
     for name in (old.figures if old else []):
         if name not in names:
-            for ext in ("png", "pdf"):
+            for ext in ("png", "pdf", PHONE_SUFFIX.lstrip(".") + ".png"):
                 (target / f"{name}.{ext}").unlink(missing_ok=True)
+    written = {p.name for p in files}
+    for name in names:
+        if f"{name}{PHONE_SUFFIX}.png" not in written:
+            (target / f"{name}{PHONE_SUFFIX}.png").unlink(missing_ok=True)
     for path in files:
         try:
             os.replace(path, target / path.name)
@@ -37,6 +43,17 @@ def publish_figures(chapter: str, files: list[Path], record: RunRecord, target: 
             shutil.copyfile(path, tmp)
             os.replace(tmp, target / path.name)
     return names
+
+
+def figure_name(path: Path) -> str:
+    """The figure a file belongs to: ``a.png``, ``a.pdf`` and ``a.phone.png`` all to ``a``."""
+    return path.name.split(".", 1)[0]   # figure names hold no dot (save_figure refuses one)
+
+
+def phone_variant(figures: Path, name: str) -> Path | None:
+    """The phone variant of figure ``name`` in ``figures``, if it has one."""
+    path = figures / f"{name}{PHONE_SUFFIX}.png"
+    return path if path.is_file() else None
 
 
 def link_figures(path: Path, available: set[str]) -> int:

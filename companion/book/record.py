@@ -40,7 +40,12 @@ class ChapterExecution:
     commit: str | None = None         # short git commit of the tree, "+dirty" if modified
     harvest: str | None = None        # the harvests analysed, from their manifests (:func:`harvest_description`)
     slowest_cells: list[dict[str, Any]] = field(default_factory=list)  # {"cell", "seconds", "source"}
-    jobs: int = 1                     # chapters executing at once in that run (one thread each when > 1)
+    jobs: int = 1                     # chapters executing at once in that run
+    defaults: list[list[str]] = field(default_factory=list)  # [name, default as written] of every declared
+                                                              # parameter, in the notebook's order
+    start_threads: int | None = None  # OMP_NUM_THREADS the run gave the kernel (None: torch's default)
+    kernel_threads: list[int] = field(default_factory=list)  # torch threads of the kernel after its cells
+    harvest_threads: list[str] = field(default_factory=list)  # per harvest analysed: processes x torch threads
 
     @property
     def preset(self) -> str | None:
@@ -186,20 +191,45 @@ def describe_harvest(manifest: dict[str, Any], *, weights: bool = False) -> str:
     return text
 
 
+def _manifests(traces_dirs: Any) -> list[dict[str, Any]]:
+    """The readable manifests of ``traces_dirs`` (one folder or several), each folder once, in order."""
+    if not traces_dirs:
+        return []
+    dirs = [traces_dirs] if isinstance(traces_dirs, (str, os.PathLike)) else list(traces_dirs)
+    found = []
+    for d in dict.fromkeys(str(x) for x in dirs if x):
+        try:
+            found.append(json.loads((Path(d) / "manifest.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def harvest_threads(traces_dirs: Any) -> list[str]:
+    """How each harvest in ``traces_dirs`` ran, from its manifest: ``"PRESET: P process(es) x T torch
+    threads"`` on the CPU (the threads the harvest set for itself, whatever its chapter's kernel had),
+    ``"PRESET: P process(es) on DEVICE"`` elsewhere."""
+    out = []
+    for manifest in _manifests(traces_dirs):
+        cfg, env = manifest.get("config", {}), manifest.get("environment", {})
+        world = int(env.get("world_size") or 1)
+        device = str(cfg.get("device_type", "cpu"))
+        threads = cfg.get("numerics", {}).get("torch_threads", env.get("torch_threads"))
+        if device != "cpu":
+            each = f" on {device}"
+        elif threads is None:
+            each = " (torch threads not recorded)"
+        else:
+            each = f" x {threads} torch thread{'s' if threads != 1 else ''}"
+        preset = manifest.get("extra", {}).get("preset", "(no preset)")
+        out.append(f"{preset}: {world} process{'es' if world != 1 else ''}{each}")
+    return out
+
+
 def harvest_description(traces_dirs: Any) -> str | None:
     """:func:`describe_harvest` (with the weights' sha256) of the manifest in each of ``traces_dirs`` (one
     folder or several, in order), joined by "; "; None if none is given or readable."""
-    if not traces_dirs:
-        return None
-    dirs = [traces_dirs] if isinstance(traces_dirs, (str, os.PathLike)) else list(traces_dirs)
-    described = []
-    for d in dict.fromkeys(str(x) for x in dirs if x):
-        try:
-            manifest = json.loads((Path(d) / "manifest.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        described.append(describe_harvest(manifest, weights=True))
-    return "; ".join(described) or None
+    return "; ".join(describe_harvest(m, weights=True) for m in _manifests(traces_dirs)) or None
 
 
 def _models(run: ChapterExecution) -> str:
@@ -227,9 +257,63 @@ def _preset_description(name: str) -> str | None:
     return preset.description if preset else None
 
 
+def _value(text: str) -> str:
+    """A parameter's value inside backticks in a table cell."""
+    return text.replace("`", "'").replace("\n", " ")
+
+
+def _same(value: Any, default: str) -> bool:
+    """Whether an injected ``value`` equals a notebook default written as ``default``."""
+    import ast
+
+    try:
+        return bool(ast.literal_eval(default) == value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
 def _parameters(run: ChapterExecution) -> str:
-    shown = [f"`{k}={v!r}`" for k, v in sorted(run.parameters.items())]
-    return ", ".join(shown) if shown else "(defaults of the notebook)"
+    """Every parameter the run used: those it set to other values than the notebook's (with the
+    notebook's default), then the notebook's defaults it kept, in the notebook's order."""
+    if not run.defaults:   # a record written before the defaults were recorded: what was injected
+        shown = [f"`{k}={_value(repr(v))}`" for k, v in sorted(run.parameters.items())]
+        return ", ".join(shown) if shown else "(defaults of the notebook)"
+    pairs = run.defaults.items() if isinstance(run.defaults, dict) else run.defaults   # a hand-edited record
+    defaults = {str(name): str(text) for name, text in pairs}
+    changed, kept = [], []
+    for name, default in defaults.items():
+        if name in run.parameters and not _same(run.parameters[name], default):
+            changed.append(f"`{name}={_value(repr(run.parameters[name]))}` (notebook: `{_value(default)}`)")
+        else:
+            value = repr(run.parameters[name]) if name in run.parameters else default
+            kept.append(f"`{name}={_value(value)}`")
+    changed += [f"`{k}={_value(repr(v))}`" for k, v in sorted(run.parameters.items()) if k not in defaults]
+    parts = []
+    if changed:
+        parts.append("**changed:** " + ", ".join(changed) + ".")
+    if kept:
+        parts.append("**as in the notebook:** " + ", ".join(kept) + ".")
+    return " ".join(parts)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _threads(run: ChapterExecution) -> str:
+    """The threads a chapter ran on: its kernel's torch threads (as the kernel noted them after its
+    cells, and what the run started it with) and each harvest's processes and threads."""
+    parts = []
+    started = (f"the run started it with {run.start_threads}" if run.start_threads is not None
+               else "the run left torch's default")
+    if run.kernel_threads:
+        low, high = min(run.kernel_threads), max(run.kernel_threads)
+        count = _plural(low, "torch thread") if low == high else f"{low} to {high} torch threads"
+        parts.append(f"kernel: {count} ({started})")
+    elif run.start_threads is not None or run.defaults:
+        parts.append(f"kernel: no torch ({started})" if run.defaults else f"kernel: {started}")
+    parts += [f"harvest {h}" for h in run.harvest_threads]
+    return "; ".join(parts) or "(not recorded)"
 
 
 def _transformers_version() -> str:
@@ -270,8 +354,8 @@ def render_status_markdown(
         )
         parallel = max(r.jobs for r in runs)
         if parallel > 1:
-            lines.append(f" Chapters ran up to {parallel} at a time, one thread each, so the wall time of a "
-                         "run was shorter than this total.")
+            lines.append(f" Chapters ran up to {parallel} at a time, so the wall time of a run was shorter than "
+                         "this total; the threads each chapter used are in the Threads column below.")
         if commits:
             lines.append(" Source commit(s): " + ", ".join(f"`{c}`" for c in commits) + ".")
         paper = sorted({f"{r.chapter} (`{r.preset}`)" for r in runs if (r.preset or "").startswith("paper-")})
@@ -302,7 +386,8 @@ def render_status_markdown(
             device += f" ({run.device_name})"
         run_rows.append("| " + " | ".join(_cell(x) for x in (title, when, _duration(run.seconds), device, run.profile or ""))
                         + " |")
-        setup_rows.append("| " + " | ".join(_cell(x) for x in (title, _models(run) or "(none)", _parameters(run))) + " |")
+        setup_rows.append("| " + " | ".join(_cell(x) for x in (title, _models(run) or "(none)", _parameters(run),
+                                                                 _threads(run))) + " |")
     lines.append(table_directive("\n".join(run_rows), "Each chapter's latest run: when, how long, on which device and profile.",
                                  "tbl-status-runs"))
     cell_rows = []
@@ -320,9 +405,15 @@ def render_status_markdown(
         lines.append(table_directive("\n".join(["| Chapter | Slowest cells |", "|---|---|"] + cell_rows),
                                      "The slowest cells of each chapter's latest run.", "tbl-status-cells"))
     if setup_rows:
-        lines.append("### Models and parameters\n")
-        lines.append(table_directive("\n".join(["| Chapter | Preset and models | Parameters |", "|---|---|---|"] + setup_rows),
-                                     "The models and parameters of each chapter's latest run.", "tbl-status-setup"))
+        lines.append("### Models, parameters and threads\n")
+        lines.append("Every parameter of each chapter's latest run: the values the run set (with the notebook's "
+                     "default beside them), then the notebook's defaults it kept. Threads: the torch threads of "
+                     "the chapter's kernel after its cells, and those of each harvest it analysed, from the "
+                     "harvest's manifest.\n")
+        lines.append(table_directive("\n".join(["| Chapter | Preset and models | Parameters | Threads |",
+                                               "|---|---|---|---|"] + setup_rows),
+                                     "The models, parameters and threads of each chapter's latest run.",
+                                     "tbl-status-setup"))
 
     lines.append("## Figures\n")
     figure_rows = []

@@ -15,6 +15,7 @@ from companion.book.record import (
     ChapterExecution,
     RunRecord,
     harvest_description,
+    harvest_threads,
     load_record,
     save_record,
 )
@@ -95,8 +96,9 @@ def reproduce(
     """Execute the selected chapters, record them, then (optionally) build the book.
 
     ``jobs`` chapters run at once, each in its own kernel (default: :func:`default_jobs`); with
-    more than one, each kernel uses one thread (``OMP_NUM_THREADS=1``), so that the kernels do
-    not wait on each other's thread pools. Chapters are recorded as they finish.
+    more than one, each kernel starts with one thread (``OMP_NUM_THREADS=1``), so that the kernels do
+    not wait on each other's thread pools (a chapter may set more for a step: the record notes the
+    threads each kernel and harvest used). Chapters are recorded as they finish.
     """
     if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)
                                      or cell_timeout < 1):
@@ -150,6 +152,10 @@ def reproduce(
             figures=names, python=python, torch=torch, commit=commit,
             harvest=harvest_description(result.harvests or params.get("traces_dir")),
             slowest_cells=result.slowest_cells, jobs=jobs,
+            defaults=[[name, param.source] for name, param in parameters[chapter.name].items()],
+            start_threads=result.start_threads,
+            kernel_threads=list(result.kernel_threads.get("torch_threads", [])),
+            harvest_threads=harvest_threads(result.harvests or params.get("traces_dir")),
         )
         save_record(record, layout.record)
         log(f"[{order[chapter.name]}/{n}] {chapter.name}: ok in {seconds:.1f} s, {len(names)} figure(s)")
@@ -181,7 +187,7 @@ def reproduce(
                     if not keep_going:
                         break
         else:
-            log(f"running {jobs} chapters at a time (one thread each)")
+            log(f"running {jobs} chapters at a time (each kernel started with OMP_NUM_THREADS={threads})")
             # spawn, not fork: this process may hold torch's thread pools, which do not survive a fork.
             pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
             pending: dict[Future, tuple[Chapter, dict[str, Any], str]] = {}

@@ -22,12 +22,44 @@
   function linkFigures() {
     document.querySelectorAll('article figure img').forEach(img => {
       if (img.closest('a')) return;
+      // a figure with a phone variant sits in a <picture>: the link wraps the picture, and opens the
+      // figure as drawn (the wide one)
+      const box = img.parentNode.tagName === 'PICTURE' ? img.parentNode : img;
       const a = document.createElement('a');
       a.href = img.getAttribute('src');
       a.className = 'companion-full-size';
       a.title = 'Open the figure at full size';
-      img.parentNode.insertBefore(a, img);
-      a.appendChild(img);
+      box.parentNode.insertBefore(a, box);
+      a.appendChild(box);
+    });
+  }
+  // A table wider than its box scrolls inside it: a shadow on the side with more to see and a
+  // "scroll" hint above it say so (the hint goes once the reader has scrolled to the end).
+  function markScrollingTables() {
+    document.querySelectorAll('article .pst-scrollable-table-container').forEach(box => {
+      const update = () => {
+        const more = box.scrollWidth - box.clientWidth;
+        box.classList.toggle('companion-scrolls', more > 1);
+        box.classList.toggle('companion-more-right', more > 1 && box.scrollLeft < more - 1);
+        box.classList.toggle('companion-more-left', more > 1 && box.scrollLeft > 1);
+        let hint = box.previousElementSibling;
+        if (!(hint && hint.classList.contains('companion-scroll-hint'))) hint = null;
+        if (more > 1 && !hint) {
+          hint = document.createElement('div');
+          hint.className = 'companion-scroll-hint';
+          hint.setAttribute('aria-hidden', 'true');
+          hint.textContent = 'Table wider than the screen: scroll sideways \u2192';
+          box.parentNode.insertBefore(hint, box);
+        } else if (more <= 1 && hint) {
+          hint.remove();
+        }
+      };
+      if (!box.dataset.companionScroll) {
+        box.dataset.companionScroll = '1';
+        box.addEventListener('scroll', update, {passive: true});
+        window.addEventListener('resize', update);
+      }
+      update();
     });
   }
   // Long dotted names may break after a dot, so that they wrap at a name boundary instead of being
@@ -51,9 +83,10 @@
   document.addEventListener('DOMContentLoaded', breakDottedNames);
   window.addEventListener('load', () => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-      MathJax.startup.promise.then(fit);
+      MathJax.startup.promise.then(fit).then(markScrollingTables);
     } else {
       fit();
+      markScrollingTables();
     }
   });
 })();
