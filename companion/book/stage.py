@@ -19,7 +19,7 @@ from companion.book.record import (
 )
 from companion.book.api_page import render_api_pages
 from companion.book.execute import file_sha256, strip_ansi
-from companion.book.figure_files import link_figures
+from companion.book.figure_files import link_figures, phone_variant
 from companion.book.layout import Layout, NOTEBOOK_DIR, RunFailure, yaml_module
 from companion.book.measured import StalePage, fill_measured_pages
 from companion.book.offline import find_remote_resources
@@ -134,6 +134,9 @@ def stage_book(layout: Layout, stage: Path, log: Any = print) -> dict[str, Any]:
                 for f in files:
                     shutil.copy2(f, stage / "figures" / f.name)
                 figures.append(figure)
+                phone = phone_variant(layout.figures, figure)   # served on phones (book/_ext/companion_figures.py)
+                if phone is not None:
+                    shutil.copy2(phone, stage / "figures" / phone.name)
 
     for chapter in staged:
         staged_nb = stage / NOTEBOOK_DIR / f"{chapter.name}.ipynb"
