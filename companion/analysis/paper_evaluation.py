@@ -276,3 +276,55 @@ def closed_world_params() -> float:
     from companion.assets import DEFAULT_PAIR_DIR
 
     return float(json.loads((DEFAULT_PAIR_DIR / "manifest.json").read_text())["models"]["target"]["params"])
+
+
+def size_runs(harvest: Any, traces: Traces, presets: str, *, n_prompts: int, n_steps: int,
+              batch_size: int, seed: int, device: str, threads: int
+              ) -> tuple[dict[str, tuple[Traces, int]], list[str]]:
+    """This run and the size axis's other targets on the same prompts (harvested or reused through
+    the shared cache): model name -> (traces, non-embedding parameters), this run first; and the
+    presets skipped (models not on this machine, or other prompts)."""
+    from companion.book.harvest_cache import chapter_traces
+    from companion.harvest import load_traces
+    from companion.harvest.plan import plan_harvest
+    from companion.models.presets import preset_or_fallback
+
+    name, size = S.describe_traces(harvest.manifest)
+    out = {name: (traces, size)}
+    skipped: list[str] = []
+    ids = set(traces.table.column("prompt_id").to_pylist())
+    for other in [p.strip() for p in presets.split(",") if p.strip()]:
+        notes: list[str] = []
+        if preset_or_fallback(other, notes.append) != other:
+            skipped.append(f"`{other}` ({notes[0]})")
+            continue
+        planned = plan_harvest(other, n_prompts=n_prompts, seed=seed).prompts or []
+        if {p.prompt_id for p in planned} != ids:  # e.g. this run on a paper preset's sample
+            skipped.append(f"`{other}` (its prompts are not this run's)")
+            continue
+        h = chapter_traces(other, device=device, seed=seed, n_prompts=n_prompts, n_steps=n_steps,
+                           batch_size=batch_size, processes=1, cpu_threads=threads)
+        t = Traces(load_traces(h.traces_dir), h.manifest)
+        if set(t.table.column("prompt_id").to_pylist()) != ids:
+            raise ValueError(f"the {other} run answered other prompts than this run's")
+        n, s = S.describe_traces(h.manifest)
+        out.setdefault(n, (t, s))
+    return out, skipped
+
+
+#: The size axis's models as the page names them (glue keys ``size_<key>_m``).
+SIZE_MODELS = {"1p5b": "Qwen2.5-Coder-1.5B-Instruct", "0p5b": "Qwen2.5-Coder-0.5B-Instruct",
+               "smollm": "SmolLM2-135M-Instruct"}
+
+
+def size_glue(points: Sequence[S.SizePoint], dtypes: Mapping[str, str]) -> dict[str, Any]:
+    """The size axis's numbers a page glues: each model's non-embedding size (millions) and the dtypes
+    the Qwen models and SmolLM2 ran in ("not measured" for a model missing here)."""
+    by_name = {p.name: p for p in points}
+    out: dict[str, Any] = {}
+    for key, name in SIZE_MODELS.items():
+        out[f"size_{key}_m"] = by_name[name].non_embedding_parameters / 1e6 if name in by_name else math.nan
+    qwen = sorted({d for n, d in dtypes.items() if n.startswith("Qwen")})
+    out["qwen_dtype"] = " and ".join(qwen) if qwen else "not measured"
+    out["smollm_dtype"] = dtypes.get(SIZE_MODELS["smollm"], "not measured")
+    return out
