@@ -26,6 +26,15 @@ from companion.models.sizes import ParameterCount, parameter_count
 #: "Agrees" with a second-hand value: within 10 % of it.
 REL_TOL = 0.10
 GREEDY = column("cert", "greedy", "forward")
+#: The statistics a page quotes by name: glue key stem -> (column, statistic).
+HEADLINE: dict[str, tuple[str, str]] = {
+    "p1_median": ("p_top1", "median"), "top10_median": ("top10_mass", "median"),
+    "greedy_median": (GREEDY, "median"), "greedy_p5": (GREEDY, "p5"),
+    "mult_median": (column("cert", "multiplicative:0.1", "forward"), "median"),
+    "mult_p5": (column("cert", "multiplicative:0.1", "forward"), "p5"),
+    "typ_median": (column("cert", "typical:0.09,0.3", "forward"), "median"),
+    "tree8_median": (column("tree_cert", 8, "forward"), "median"),
+}
 
 
 def target_count(manifest: Mapping[str, Any]) -> ParameterCount:
@@ -328,3 +337,12 @@ def size_glue(points: Sequence[S.SizePoint], dtypes: Mapping[str, str]) -> dict[
     out["qwen_dtype"] = " and ".join(qwen) if qwen else "not measured"
     out["smollm_dtype"] = dtypes.get(SIZE_MODELS["smollm"], "not measured")
     return out
+
+
+def ties_default() -> str:
+    """The tie convention :func:`companion.certify.certificates.certificates` applies by default."""
+    import inspect
+
+    from companion.certify.certificates import certificates
+
+    return str(inspect.signature(certificates).parameters["ties"].default)
