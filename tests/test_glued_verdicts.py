@@ -74,30 +74,3 @@ def test_chapter_10_prose_never_repeats_a_clause(chapter_10: dict) -> None:
         assert not repeated, f"{name} repeats {repeated}: {chapter_10[name]!r}"
 
 
-def stability_verdicts_follow(v: dict) -> None:
-    """Chapter 7's precision-and-batch sentences, recomputed from the numbers it glues beside them."""
-    from companion.analysis import stability as st
-
-    parted = outside = 0
-    for key in ("prec", "batch", "fp"):
-        if f"ch7_stab_{key}_answers" not in v:
-            assert v[f"ch7_stab_{key}_words"] == "", f"{key}: words without numbers"
-            continue
-        steps, gaps, (a, b), cut = (v[f"ch7_stab_{key}_{x}"] for x in ("steps", "gaps", "names", "cut"))
-        expected = (f"Over the first {cut} steps, " if cut else "") + st.parting_sentence(
-            a, b, v[f"ch7_stab_{key}_answers"], steps, gaps, v["ch7_stab_band"])
-        assert v[f"ch7_stab_{key}_words"] == expected
-        assert ("outside" in expected) == any(g > v["ch7_stab_band"] for g in gaps)
-        parted += len(steps)
-        outside += sum(g > v["ch7_stab_band"] for g in gaps)
-    shifts = [st.Shift(r, inside, total, float(largest), label) for r, inside, total, largest, label in v["ch7_stab_shifts"]]
-    if shifts:
-        assert st.statistics_sentence("this run", v["ch7_stab_common"], shifts) in v["ch7_stab_table_words"]
-    moved = sum(s.inside < s.total for s in shifts)
-    assert (v["ch7_stab_parted_total"], v["ch7_stab_outside_total"], v["ch7_stab_moved"]) == (parted, outside, moved)
-    if parted or shifts:
-        assert v["ch7_stab_conclusion"] == st.conclusion(parted, outside, moved)
-
-
-def test_chapter_7_stability_verdicts_follow_its_numbers(built_book: Path) -> None:
-    stability_verdicts_follow(glued_values(Layout.at(ROOT).executed / "07_paper_evaluation.ipynb"))

@@ -11,13 +11,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from companion.certify.precision import TIE_ULPS
 from companion.harvest.kernel_paths import (
     PATHS,
-    BandCheck,
     PathRows,
     band_check,
-    band_sentence,
+    band_margin,
     committed_record,
     compare,
-    margin_sentence,
     measure_kernel_paths,
 )
 
@@ -104,23 +102,6 @@ def test_bad_sizes_are_refused() -> None:
         measure_kernel_paths(_tiny(torch.float32), PROMPTS, 0)
 
 
-def _check(flips: int, widest: float, outside: int) -> BandCheck:
-    return BandCheck(steps=3072, flips=flips, flip_steps=max(flips - 1, min(flips, 1)), widest_flip_ulps=widest,
-                     band_ulps=2.0, within_band=10, outside=outside)
-
-
-def test_the_band_sentence_has_a_branch_per_outcome() -> None:
-    assert "no flip to size the band by" in band_sentence(_check(0, 0.0, 0))
-    inside = band_sentence(_check(5, 1.0, 0))
-    assert "5 flips between two paths (on 4 steps)" in inside and "at most 1 ulp on both" in inside, inside
-    assert "margin of 1 ulp" in inside, inside
-    edge = band_sentence(_check(1, 2.0, 0))
-    assert "1 flip between two paths (on 1 step)" in edge and "no margin" in edge, edge
-    out = band_sentence(_check(4, 3.0, 2))
-    assert "2 of the 4 flips" in out and "3 ulps" in out and "does not cover" in out, out
-    assert band_sentence(_check(0, 0.0, 0)).startswith("On 3,072 steps")
-
-
 def test_committed_records_are_read_and_checked(tmp_path) -> None:
     assert committed_record("nothing-here", tmp_path) is None
     rows = _rows([3, 4], [20.0, 19.875], [19.0, 19.875]).to_json()
@@ -144,15 +125,15 @@ def test_the_committed_measurement_supports_the_band() -> None:
     assert set(paths) == set(PATHS) and record["dtype"] == "bfloat16", (set(paths), record["dtype"])
     check = band_check(paths, record["dtype"], TIE_ULPS)
     assert check.steps >= 2000, f"only {check.steps} steps measured"
-    assert check.covers, band_sentence(check)
+    assert check.covers, (check.outside, check.widest_flip_ulps)
 
 
-def test_the_margin_sentence_names_the_move_and_the_wider_band() -> None:
+def test_the_band_margin_names_the_move_and_the_wider_band() -> None:
     # At 20 (bfloat16 ulp 0.125): gaps of 1, 3 and 8 ulps on the decode path; the gap of step 1 moves by 2 ulps.
     decode = _rows([3, 4, 5], [20.0, 20.0, 20.0], [19.875, 19.625, 19.0])
     full = _rows([3, 4, 5], [20.0, 20.0, 20.0], [19.875, 19.875, 19.0])
-    words = margin_sentence({"decode": decode, "full": full}, "bfloat16", band_ulps=2)
-    assert "moved by up to 2 ulps" in words and "has no margin" in words, words
-    assert "one of 3 ulps" in words and "66.7% of the steps as ties instead of 33.3%" in words, words
-    calm = margin_sentence({"decode": decode, "full": decode}, "bfloat16", band_ulps=2)
-    assert "at most 0 ulps" in calm and "holds with a margin" in calm and "33.3%" in calm, calm
+    m = band_margin({"decode": decode, "full": full}, "bfloat16", band_ulps=2)
+    assert (m.gap_move_ulps, m.widest_flip_ulps, m.wider_band_ulps) == (2.0, 0.0, 3.0) and not m.has_margin
+    assert (m.near_share, m.wider_share) == pytest.approx((1 / 3, 2 / 3))
+    calm = band_margin({"decode": decode, "full": decode}, "bfloat16", band_ulps=2)
+    assert calm.gap_move_ulps == 0.0 and calm.has_margin and calm.near_share == pytest.approx(1 / 3)

@@ -1,8 +1,8 @@
-"""Precision and batch (chapter 7): where two runs' answers part, their statistics side by side, and
+"""Precision and batch (chapter 12): where two runs' answers part, their statistics side by side, and
 the committed stability profile.
 
 Partings are checked on hand-made runs whose gaps are known in ulps, then on a tiny random model
-harvested for real in bfloat16 one prompt at a time and in float32 in a batch of two; the sentences
+harvested for real in bfloat16 one prompt at a time and in float32 in a batch of two; the counts
 are checked branch by branch; the profile's export and load round-trip on those toy harvests, and
 the committed profile is read and checked against its manifest.
 """
@@ -47,6 +47,7 @@ def test_partings_find_the_first_differing_step_and_its_gaps_in_ulps() -> None:
     assert math.isnan(found["q"].worst_gap_ulps)
     s = st.summarize_partings(st.partings(a, b))
     assert (s.answers, s.steps, s.parted_steps, s.gaps_ulps, s.outside_band) == (2, 6, (2,), (2.0,), 0)
+    assert s.parted_ids == ("p",)
     # cut below the parting step: the answers agree on what is compared
     cut = st.summarize_partings(st.partings(a, b, max_steps=2))
     assert cut.parted == 0 and cut.steps == 4
@@ -71,22 +72,6 @@ def test_partings_refuse_runs_they_cannot_compare() -> None:
         st.partings(gappy, a)
 
 
-def test_parting_sentence_has_a_branch_for_every_outcome() -> None:
-    assert "share no answer" in st.parting_sentence("A", "B", 0, [], [])
-    assert st.parting_sentence("A", "B", 1, [], []) == "A and B give the same tokens on the one answer they share."
-    assert st.parting_sentence("A", "B", 16, [], []) == "A and B give the same tokens on all 16 answers they share."
-    inside = st.parting_sentence("A", "B", 16, [40, 3], [1.0, 2.0])
-    assert "on 14 of the 16 answers" in inside and "steps 3, 40" in inside and "within 2 bfloat16 ulps" in inside
-    assert f"inside the near-tie band of {TIE_ULPS}" in inside and "outside" not in inside
-    one = st.parting_sentence("A", "B", 4, [7], [1.0])
-    assert "the other one parts at step 7," in one and "within 1 bfloat16 ulp " in one
-    outside = st.parting_sentence("A", "B", 8, [5, 9, 11], [0.5, 6.0, 2.0])
-    assert "2 of the partings lie inside" in outside and "1 outside it (the largest gap 6 ulps)" in outside
-    assert "that one is not explained" in outside
-    with pytest.raises(ValueError):
-        st.parting_sentence("A", "B", 8, [5], [])
-
-
 def _point(name: str, values: dict, width: float = 0.1) -> SizePoint:
     return SizePoint(name, 0, 8, 100, {s.key: Estimate(values.get(s.key, 0.5), values.get(s.key, 0.5) - width,
                                                        values.get(s.key, 0.5) + width) for s in STATISTICS})
@@ -109,27 +94,14 @@ def test_shifts_count_statistics_inside_the_reference_interval() -> None:
     assert got["inf"].inside == n - 1 and math.isinf(got["inf"].largest_relative)
 
 
-def test_statistics_sentence_and_conclusion_branches() -> None:
-    n = len(STATISTICS)
-    assert st.statistics_sentence("R", 8, []) == "Only R was measured, so nothing is compared."
-    same = st.Shift("S", n, n, 0.0, "x")
-    near = st.Shift("N", n, n, 0.031, "tree m = 4, 5th percentile")
-    far = st.Shift("F", n - 2, n, 0.5, "top-1 probability, mean")
-    ok = st.statistics_sentence("R", 8, [same, near])
-    assert f"S gives every one of the {n} statistics exactly as R does" in ok
-    assert "N moves the 16 statistics by at most 3.1% (tree m = 4, 5th percentile), every one inside" in ok
-    assert "no run moves a statistic beyond R's sampling interval" in ok
-    bad = st.statistics_sentence("R", 8, [near, far])
-    assert f"{n - 2} of the {n} inside R's 95 % interval" in bad and "So F moves some statistics further" in bad
-    both = st.statistics_sentence("R", 8, [far, st.Shift("G", 1, n, 0.2, "x"), st.Shift("H", 2, n, 0.2, "x")])
-    assert "So F, G and H move some statistics" in both
-    lone = st.statistics_sentence("R", 1, [far])
-    assert lone.startswith("F moves") and "With 1 answer, a bootstrap over prompts has no spread" in lone
-    assert "further than" not in lone
-    assert st.conclusion(0, 0, 0).startswith("Precision and batch changed no answer measured here;")
-    assert "3 answers, every one at a near tie" in st.conclusion(3, 0, 0)
-    assert "1 answer, 1 of them at a step that is not a near tie" in st.conclusion(1, 1, 0)
-    assert "2 runs moved some statistic" in st.conclusion(3, 0, 2) and "not a property" not in st.conclusion(3, 0, 2)
+def test_an_answer_parting_in_several_pairs_is_counted_once() -> None:
+    """Three pairs of runs, one prompt parting in all three: one answer, not three."""
+    a = st.PartingSummary(8, 100, (5, 9), (1.0, 6.0), 4.0, ("p1", "p2"))
+    b = st.PartingSummary(8, 100, (5,), (2.0,), 4.0, ("p1",))
+    c = st.PartingSummary(8, 100, (7, 3), (3.0, 0.5), 4.0, ("p1", "p3"))
+    assert sum(s.parted for s in (a, b, c)) == 5
+    assert st.distinct_parted([a, b, c]) == (3, 1)  # p1, p2, p3; only p2 parts outside the band
+    assert st.distinct_parted([]) == (0, 0)
 
 
 def _toy_harvest(out: Path, dtype: torch.dtype, batch_size: int, n_prompts: int = 4, n_steps: int = 12) -> Traces:

@@ -73,3 +73,63 @@ def convention_rows(traces: Traces, criteria: list[str], dtype: str) -> list[Con
 def near_tie_count(traces: Traces, dtype: str) -> int:
     """Steps whose target top-2 logit gap is within the band of ``dtype`` (exact ties included)."""
     return int(near_ties(traces.column("logit_top1"), traces.column("logit_gap"), dtype).sum())
+
+
+def kernel_path_values(traces: Traces, col: str, dtype: str) -> np.ndarray | None:
+    """A statistic column's per-step values under the kernel-path convention.
+
+    ``cert_fwd[c]``: the stored ``path_cert_fwd[c]`` (strict greedy's from its top-2 logits,
+    :func:`kernel_path_greedy`, when the harvest predates those columns); ``tree_cert_fwd[m]``: the
+    stored ``path_tree_cert_fwd[m]``; a column that is not a certificate (top-1 probability, top-10
+    mass) is the same under both conventions. None: the harvest holds no kernel-path value for it.
+    """
+    if col.startswith("cert_fwd[") or col.startswith("tree_cert_fwd["):
+        path_col = "path_" + col
+        if traces.has(path_col):
+            return traces.column(path_col)
+        if col == column("cert", "greedy", "forward"):
+            return kernel_path_greedy(traces.column(col), traces.column("logit_top1"), traces.column("logit_gap"),
+                                      dtype)
+        return None
+    return traces.column(col)
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """Where the kernel-path convention lowers one criterion's certificate: on near ties of the top two
+    logits, and elsewhere; and by how much elsewhere (``1 - paths / exact``, relative)."""
+
+    criterion: str
+    on_near_ties: int
+    elsewhere: int
+    largest_drop_elsewhere: float  # 0 when nothing is lowered elsewhere
+    median_drop_elsewhere: float
+
+
+def lowering(traces: Traces, criterion: str, dtype: str) -> Lowering | None:
+    """:class:`Lowering` of ``criterion`` (a criterion spec or ``tree:m``); None without kernel-path values.
+
+    A criterion that compares two probabilities (``multiplicative``: ``p(x) >= alpha p(1)``; a tree:
+    the ``m``-th against the ``m+1``-th) has that comparison moved by the band's factor on every step,
+    so its certificate can drop a little on steps that are not near ties of the top two; strict
+    greedy's drops only on near ties (:func:`kernel_path_greedy`).
+    """
+    col = (column("tree_cert", int(criterion[5:]), "forward") if criterion.startswith("tree:")
+           else column("cert", criterion, "forward"))
+    paths = kernel_path_values(traces, col, dtype)
+    if paths is None:
+        return None
+    exact = traces.column(col) if traces.has(col) else traces.tree_cert(int(criterion[5:]))
+    low = paths < exact * (1 - ULP_ROOM)
+    near = near_ties(traces.column("logit_top1"), traces.column("logit_gap"), dtype)
+    off = low & ~near
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drop = np.where(np.isfinite(exact) & (exact > 0), 1 - paths / exact, 1.0)[off]
+    return Lowering(criterion, int(np.sum(low & near)), int(np.sum(off)),
+                    float(drop.max()) if drop.size else 0.0, quantile(drop, 0.5) if drop.size else 0.0)
+
+
+def zero_share(x: np.ndarray) -> float:
+    """The share of steps whose certificate is exactly 0 (no drafter is guaranteed there)."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.mean(x == 0.0)) if x.size else float("nan")

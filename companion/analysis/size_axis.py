@@ -151,7 +151,7 @@ def bootstrap_statistic(traces: Traces, col: str, stat: str, *, n_boot: int = 10
         draws[b] = summary_statistic(np.concatenate([per_prompt[i] for i in pick]), stat)
     kept = draws[~np.isnan(draws)]  # a resample with no finite value has no mean
     # order statistics, not interpolation: a statistic can be +inf (a criterion that rejects nothing)
-    low, high = np.quantile(kept, [0.025, 0.975], method="inverted_cdf") if kept.size else (math.nan, math.nan)
+    low, high = (quantile(kept, 0.025), quantile(kept, 0.975)) if kept.size else (math.nan, math.nan)
     return Estimate(value, float(low), float(high))
 
 

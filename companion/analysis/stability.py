@@ -20,8 +20,8 @@ Two measurements, on runs of the same prompts:
   prompts; :func:`shifts` says, run by run, how far each moves from a reference run's value and
   whether it stays inside the reference's interval.
 
-The sentences a page prints (:func:`parting_sentence`, :func:`statistics_sentence`) are computed
-from those numbers alone, one branch per outcome.
+The page that reads these numbers writes its sentences by hand and checks each against them; an
+answer that parts in several pairs of runs is one answer (:func:`distinct_parted`).
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ class PartingSummary:
     parted_steps: tuple[int, ...]
     gaps_ulps: tuple[float, ...]
     band_ulps: float
+    parted_ids: tuple[str, ...] = ()  # the prompts whose answers part, in the order of parted_steps
 
     @property
     def parted(self) -> int:
@@ -130,38 +131,22 @@ def summarize_partings(found: Sequence[Parting], band_ulps: float = TIE_ULPS) ->
     """Count ``found``: answers, steps compared, each parting's step and larger gap (in the order found)."""
     parted = [p for p in found if p.parted]
     return PartingSummary(len(found), sum(p.compared for p in found), tuple(int(p.step) for p in parted),
-                          tuple(p.worst_gap_ulps for p in parted), float(band_ulps))
+                          tuple(p.worst_gap_ulps for p in parted), float(band_ulps),
+                          tuple(p.prompt_id for p in parted))
 
 
-def _ulps(x: float) -> str:
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.2g}"
-
-
-def parting_sentence(a: str, b: str, answers: int, parted_steps: Sequence[int], gaps_ulps: Sequence[float],
-                     band_ulps: float = TIE_ULPS, dtype: str = "bfloat16") -> str:
-    """What two runs' partings show, from the counts alone (:class:`PartingSummary`'s fields)."""
-    if len(parted_steps) != len(gaps_ulps):
-        raise ValueError("one gap per parting step")
-    if answers == 0:
-        return f"{a} and {b} share no answer, so where they part cannot be measured."
-    k = len(parted_steps)
-    if k == 0:
-        return (f"{a} and {b} give the same tokens on the one answer they share." if answers == 1 else
-                f"{a} and {b} give the same tokens on all {answers} answers they share.")
-    steps = ", ".join(str(s) for s in sorted(parted_steps))
-    rest = f"the other {k} part at steps" if k > 1 else "the other one parts at step"
-    head = f"{a} and {b} give the same tokens on {answers - k} of the {answers} answers they share; {rest} {steps}"
-    outside = [g for g in gaps_ulps if g > band_ulps]
-    worst = max(gaps_ulps)
-    if not outside:
-        return (head + f", each where the two largest logits lie within {_ulps(worst)} {dtype} "
-                f"ulp{'s' if worst != 1 else ''} of each other in both runs, inside the near-tie band of "
-                f"{_ulps(band_ulps)}: there rounding alone can choose the token.")
-    within = k - len(outside)
-    return (head + f"; {within} of the partings lie inside the near-tie band of {_ulps(band_ulps)} {dtype} ulps and "
-            f"{len(outside)} outside it (the largest gap {_ulps(worst)} ulps): "
-            + ("that one is" if len(outside) == 1 else "those are")
-            + " not explained by rounding at a near tie alone.")
+def distinct_parted(summaries: Sequence[PartingSummary]) -> tuple[int, int]:
+    """``(answers, outside)`` over several pairs of runs: the distinct prompts whose answers part in at
+    least one pair, and of those the prompts that part outside the band in at least one pair. An
+    answer that parts between three pairs of runs is counted once, not three times."""
+    parted: set[str] = set()
+    outside: set[str] = set()
+    for s in summaries:
+        for pid, gap in zip(s.parted_ids, s.gaps_ulps):
+            parted.add(pid)
+            if gap > s.band_ulps:
+                outside.add(pid)
+    return len(parted), len(outside)
 
 
 def restrict(traces: Traces, prompt_ids: Sequence[str], max_steps: int | None = None) -> Traces:
@@ -223,48 +208,3 @@ def shifts(points: Mapping[str, SizePoint], reference: str,
                 worst, worst_label = rel, st.label
         out.append(Shift(name, inside, len(statistics), worst, worst_label))
     return out
-
-
-def statistics_sentence(reference: str, answers: int, found: Sequence[Shift]) -> str:
-    """What the statistics side by side show against ``reference``, from the counts alone."""
-    if not found:
-        return f"Only {reference} was measured, so nothing is compared."
-    parts = []
-    for s in found:
-        if s.largest_relative == 0:
-            parts.append(f"{s.run} gives every one of the {s.total} statistics exactly as {reference} does")
-            continue
-        where = ("every one inside" if s.inside == s.total else f"{s.inside} of the {s.total} inside")
-        parts.append(f"{s.run} moves the {s.total} statistics by at most {s.largest_relative:.1%} "
-                     f"({s.largest_label}), {where} {reference}'s 95 % interval")
-    head = "; ".join(parts) + "."
-    head = head[0].upper() + head[1:]
-    if answers < 2:
-        return (head + f" With {answers} answer{'' if answers == 1 else 's'}, a bootstrap over prompts has no spread, "
-                "so these differences cannot be set against a sampling interval.")
-    if all(s.inside == s.total for s in found):
-        tail = (f" On these {answers} answers, then, no run moves a statistic beyond {reference}'s sampling interval; "
-                "intervals over so few answers are wide, so this bounds the effect by their width, no closer.")
-    else:
-        moved = [s.run for s in found if s.inside < s.total]
-        names = moved[0] if len(moved) == 1 else ", ".join(moved[:-1]) + " and " + moved[-1]
-        tail = (f" So {names} move{'s' if len(moved) == 1 else ''} some statistics further than resampling "
-                f"these {answers} answers moves them: on those statistics the numerics matter at this sample size.")
-    return head + tail
-
-def conclusion(parted: int, outside_band: int, moved_runs: int) -> str:
-    """One sentence from the totals over every pair compared: answers that part, partings outside the
-    near-tie band, and runs that move some statistic beyond the reference's interval."""
-    if parted == 0:
-        tokens = "Precision and batch changed no answer measured here"
-    elif outside_band == 0:
-        tokens = (f"Precision and batch changed {parted} answer{'s' if parted != 1 else ''}, every one at a near tie, "
-                  "so a token-for-token reproduction of these answers needs the same dtype and the same batches")
-    else:
-        tokens = (f"Precision and batch changed {parted} answer{'s' if parted != 1 else ''}, {outside_band} of them "
-                  "at a step that is not a near tie")
-    if moved_runs == 0:
-        return tokens + ("; the paper's statistics stayed inside their sampling intervals, so at this sample size "
-                         "their values are not a property of the numerics.")
-    return tokens + (f"; {moved_runs} run{'s' if moved_runs != 1 else ''} moved some statistic beyond its sampling "
-                     "interval, so those values depend on the numerics as well as on the prompts.")

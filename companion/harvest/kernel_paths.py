@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from companion.assets import KERNEL_PATHS_DIR
+from companion.analysis.traces import quantile
 from companion.certify.precision import TIE_ULPS, ulp
 from companion.harvest.decode import left_pad
 
@@ -198,7 +199,8 @@ def gap_ulps(rows: PathRows, dtype: str) -> np.ndarray:
 def compare(paths: dict[str, PathRows], dtype: str) -> tuple[list[Flip], dict[str, dict[str, float]]]:
     """The flips between every pair of paths, and per pair how far the top logit and the top-2 gap moved.
 
-    The moves are in ulps of the larger ``z(1)``: ``top1_max``/``top1_p99`` of ``|z1_a - z1_b|``,
+    The moves are in ulps of the larger ``z(1)``: ``top1_max``/``top1_p99`` of ``|z1_a - z1_b|``
+    (the 99th percentile an order statistic, :func:`companion.analysis.traces.quantile`),
     ``gap_max`` of ``|gap_a - gap_b|`` over the steps where both paths chose the same two tokens.
     """
     names = [n for n in PATHS if n in paths]
@@ -219,7 +221,7 @@ def compare(paths: dict[str, PathRows], dtype: str) -> tuple[list[Flip], dict[st
             gap_move = np.abs((pa.z1 - pa.z2) - (pb.z1 - pb.z2))[same] / unit[same]
             moves[f"{a}/{b}"] = {"flips": float(np.sum(pa.token != pb.token)),
                                  "top1_max": float(top1.max(initial=0.0)),
-                                 "top1_p99": float(np.percentile(top1, 99)) if top1.size else 0.0,
+                                 "top1_p99": quantile(top1, 0.99) if top1.size else 0.0,
                                  "gap_max": float(gap_move.max(initial=0.0))}
     return flips, moves
 
@@ -269,49 +271,37 @@ def committed_record(preset: str, folder: Path | None = None) -> tuple[dict[str,
     return record, paths
 
 
-def _ulps(x: float) -> str:
-    return f"{x:g} ulp" + ("" if x == 1 else "s")
+@dataclass(frozen=True)
+class BandMargin:
+    """How much room the measurement leaves the band, in numbers.
 
-
-def band_sentence(check: BandCheck) -> str:
-    """What the measurement says of the band, one branch per outcome."""
-    head = f"On {check.steps:,} steps, "
-    if check.flips == 0:
-        return (head + "no two paths chose different greedy tokens: the measurement has no flip to size the band "
-                f"by, and the band of {_ulps(check.band_ulps)} rests on the rounding argument alone.")
-    flips = (f"{check.flips} flip" + ("" if check.flips == 1 else "s") + " between two paths (on "
-             + (f"{check.flip_steps} steps)" if check.flip_steps != 1 else "1 step)"))
-    if not check.covers:
-        return (head + f"{check.outside} of the {flips} lie at a top-2 gap beyond the band of "
-                f"{_ulps(check.band_ulps)} (the widest at {_ulps(check.widest_flip_ulps)}): the band does not cover "
-                "this pair's kernel paths, and a kernel-path certificate can promise a token another path rejects.")
-    if check.widest_flip_ulps == check.band_ulps:
-        return (head + f"every one of the {flips} lay at a top-2 gap of at most "
-                f"{_ulps(check.widest_flip_ulps)} on both paths: at the band's edge, covered with no margin.")
-    return (head + f"every one of the {flips} lay at a top-2 gap of at most "
-            f"{_ulps(check.widest_flip_ulps)} on both paths, inside the band of {_ulps(check.band_ulps)} with a "
-            f"margin of {_ulps(check.band_ulps - check.widest_flip_ulps)}.")
-
-
-def margin_sentence(paths: dict[str, PathRows], dtype: str, band_ulps: float = TIE_ULPS) -> str:
-    """Whether the band also covers how far the top-2 gap moved between paths, and what a wider one would cost.
-
-    A flip needs the gap to cross 0 between two paths, so the largest move of the gap (same two
-    tokens, :func:`compare`) bounds the gap at which one was possible on these steps. Where that
-    move reaches the band, the sentence names the band ``ceil(move) + 1`` that would leave one ulp
-    of margin, and the share of steps it would count as ties against the band's.
+    A flip needs the gap to cross 0 between two paths, so the largest move of the top-2 gap (same
+    two tokens, :func:`compare`) bounds the gap at which a flip was possible on these steps.
+    ``gap_move_ulps``: that move; ``widest_flip_ulps``: the widest gap at an observed flip;
+    ``near_share``: the share of steps whose decode-path gap is within the band;
+    ``wider_band_ulps``: ``ceil(max(move, widest flip)) + 1``, a band one ulp beyond both;
+    ``wider_share``: the share of steps that band would count as ties.
     """
+
+    band_ulps: float
+    gap_move_ulps: float
+    widest_flip_ulps: float
+    near_share: float
+    wider_band_ulps: float
+    wider_share: float
+
+    @property
+    def has_margin(self) -> bool:
+        """Both the move and every flip's gap lie strictly inside the band."""
+        return self.gap_move_ulps < self.band_ulps and self.widest_flip_ulps < self.band_ulps
+
+
+def band_margin(paths: dict[str, PathRows], dtype: str, band_ulps: float = TIE_ULPS) -> BandMargin:
+    """:class:`BandMargin` of the measured ``paths`` for a band of ``band_ulps``."""
     flips, moves = compare(paths, dtype)
     widest_flip = max((f.widest for f in flips), default=0.0)
     move = max((m["gap_max"] for m in moves.values()), default=0.0)
     gaps = gap_ulps(paths["decode"], dtype)
-    share = float(np.mean(gaps <= band_ulps))
-    if move < band_ulps and widest_flip < band_ulps:
-        return (f"Between any two paths the top-2 gap moved by at most {_ulps(move)}, less than the band too: "
-                f"the band of {_ulps(band_ulps)} holds with a margin on these steps ({share:.1%} of them near ties).")
     wider = float(math.ceil(max(move, widest_flip)) + 1)
-    wider_share = float(np.mean(gaps <= wider))
-    return (f"Between two paths the top-2 gap moved by up to {_ulps(move)}, so on these steps a flip at a gap of "
-            f"up to {_ulps(max(move, widest_flip))} cannot be ruled out, and the band of {_ulps(band_ulps)} has no "
-            f"margin: one of {_ulps(wider)} would, at the price of counting {wider_share:.1%} of the steps as ties "
-            f"instead of {share:.1%}.")
+    return BandMargin(float(band_ulps), float(move), float(widest_flip), float(np.mean(gaps <= band_ulps)),
+                      wider, float(np.mean(gaps <= wider)))

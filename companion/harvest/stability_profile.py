@@ -1,6 +1,6 @@
 """The stability profile: the default build's first prompts harvested again in other numerics, committed as data.
 
-Chapter 7 asks how stable the paper's statistics are to the precision and to the batch a step is
+Chapter 12 asks how stable the paper's statistics are to the precision and to the batch a step is
 computed in. The default build harvests its prompts in bfloat16 in one batch of 16; the full
 profile (:mod:`companion.harvest.full_profile`) has the same prompts in bfloat16 in batches of
 16 drawn from 500. This profile adds, on the first :attr:`Profile.n_prompts` of them, each prompt
@@ -10,7 +10,7 @@ take minutes (the committed run's wall times are in its manifest), too long for 
 build, so ``companion stability-profile`` runs them once (resumable) and
 ``companion/assets/stability_profile/`` holds
 
-* one Parquet file per variant, one row per step with the columns chapter 7 reads
+* one Parquet file per variant, one row per step with the columns chapter 12 reads
   (:func:`companion.harvest.full_profile.kept_columns`), and
 * ``manifest.json``: the command, the code commit, the prompt set's sha256, the weights, the CPU,
   the library versions, and per variant its dtype, batch, threads, wall time and data sha256
