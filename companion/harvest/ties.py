@@ -21,7 +21,7 @@ path's own order, which moves the logits further, so the band cannot be derived 
 rounding alone: it is measured. :mod:`companion.harvest.kernel_paths` reads the default pair's
 answers along four kernel paths (batch-1 decode, verification forwards, one forward over the
 whole text, a left-padded batch; ``benchmarks/measure_kernel_paths.py``, the committed record
-checked by ``tests/test_kernel_paths.py``, shown in chapter 7). On its 2,716 bfloat16 steps every
+checked by ``tests/test_kernel_paths.py``, shown in chapter 12). On its 2,716 bfloat16 steps every
 flip lay at a top-2 gap of at most 2 ulps, and the gap between the same two tokens moved by up
 to 3 ulps between two paths, so a flip at a gap of 3 ulps cannot be ruled out. A step is a
 *near tie* when ``z(1) - z(2) <= TIE_ULPS * ulp(z(1))``, ``TIE_ULPS = 4``: one ulp of margin over
