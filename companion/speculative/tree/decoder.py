@@ -60,11 +60,13 @@ class TreeResult(SpeculativeResult):
     """A tree run: :class:`~companion.speculative.decoder.SpeculativeResult`'s fields (``submitted[r]`` the nodes
     verified in round ``r``, ``drafted[r]`` its drafter forwards, ``draft_tokens[r]`` the verified nodes' tokens in
     tree order), plus ``trees[r]`` the verified tree, ``paths[r]`` its kept nodes and ``drafted_nodes[r]`` the
-    nodes drafted (a dynamic tree drafts more than it verifies)."""
+    nodes drafted (a dynamic tree drafts more than it verifies), ``widths[r]`` the tokens or nodes each drafter
+    forward fed (the cost model's ``w_f``)."""
 
     trees: list[DraftTree] = field(default_factory=list)
     paths: list[list[int]] = field(default_factory=list)
     drafted_nodes: list[int] = field(default_factory=list)
+    widths: list[list[int]] = field(default_factory=list)
 
 
 def _top(rows: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -138,6 +140,61 @@ def generate_tree(
     return _run(target, drafter, seq, pol, max_new_tokens, eos)
 
 
+@dataclass
+class DraftedRound:
+    """A round's drafting: the drafted ``tree``, the nodes ``fed`` to the drafter (in its cache's order after the
+    context), the top ids ``rows`` of every expanded node (-1: the root), the drafter ``forwards`` and the number of
+    tokens or nodes each fed (``widths``; the first: the uncached context)."""
+
+    tree: DraftTree
+    fed: list[int]
+    rows: dict[int, Tensor]
+    forwards: int
+    widths: list[int]
+
+    def __iter__(self) -> Any:
+        return iter((self.tree, self.fed, self.rows, self.forwards, self.widths))
+
+
+def draft_round(drafter: Any, dcache: DynamicCache, seq: Sequence[int], d_len: int, pol: TreePolicy, cap: int,
+                eos: frozenset[int]) -> DraftedRound:
+    """Step 1 of the module docstring: the drafter's forward over ``seq[d_len:]`` (it then caches all of
+    ``seq``), then one tree-masked forward per depth over the nodes the policy expands; no node deeper than
+    ``cap``, no drafted end-of-sequence token expanded."""
+    width = pol.max_width
+    ctx = len(seq)
+    tree = DraftTree()
+    fed: list[int] = []
+    rows: dict[int, Tensor] = {}
+    row = _forward(drafter, list(seq[d_len:]), dcache, 1)[0]
+    widths = [ctx - d_len]
+    probs, ids = _top(row[None], width)
+    rows[-1] = ids[0]
+    expanded = [Expansion(-1, probs[0], ids[0], row if pol.needs_rows else None)]
+    depth = 0
+    while expanded and depth < cap:
+        new = []
+        for i, r in pol.grow(tree, depth, expanded):
+            e = expanded[i]
+            base = tree.logq[e.node] if e.node >= 0 else 0.0
+            new.append(tree.add(e.node, int(e.ids[r - 1]), r, base + math.log(float(e.probs[r - 1]))))
+        depth += 1
+        if not new or depth >= cap:
+            break
+        feed = [j for j in pol.expand(tree, new) if tree.tokens[j] not in eos]
+        if not feed:
+            break
+        logits = tree_forward(drafter, dcache, tree, [], feed, fed, ctx, len(feed))
+        widths.append(len(feed))
+        fed.extend(feed)
+        probs, ids = _top(logits, width)
+        expanded = []
+        for k, j in enumerate(feed):
+            rows[j] = ids[k]
+            expanded.append(Expansion(j, probs[k], ids[k], logits[k] if pol.needs_rows else None))
+    return DraftedRound(tree, fed, rows, len(widths), widths)
+
+
 def _run(target: Any, drafter: Any, seq: list[int], pol: TreePolicy, max_new_tokens: int,
          eos: frozenset[int]) -> TreeResult:
     prompt_len = len(seq)
@@ -149,6 +206,7 @@ def _run(target: Any, drafter: Any, seq: list[int], pol: TreePolicy, max_new_tok
     t_time = d_time = 0.0
     ended_by_eos = False
     width = pol.max_width
+    res["widths"] = []
     start = time.perf_counter()
     with torch.inference_mode():
         while len(seq) < max_len and not ended_by_eos:
@@ -156,39 +214,13 @@ def _run(target: Any, drafter: Any, seq: list[int], pol: TreePolicy, max_new_tok
             old_len = len(seq)
             cap = max_len - old_len - 1
             pol.start_round(cap)
-            tree = DraftTree()
-            fed: list[int] = []          # drafter-cache order of the nodes fed after the context
-            rows: dict[int, Tensor] = {}  # top ids of each expanded node (-1: root), for the ranks
-            forwards = 0
             d0 = time.perf_counter()
-            if cap > 0:
-                row = _forward(drafter, seq[d_len:], dcache, 1)[0]
+            drafted = draft_round(drafter, dcache, seq, d_len, pol, cap, eos) if cap > 0 else None
+            if drafted is None:
+                tree, fed, rows, forwards, widths = DraftTree(), [], {}, 0, []
+            else:
+                tree, fed, rows, forwards, widths = drafted
                 d_len = old_len
-                forwards += 1
-                probs, ids = _top(row[None], width)
-                rows[-1] = ids[0]
-                expanded = [Expansion(-1, probs[0], ids[0], row if pol.needs_rows else None)]
-                depth = 0
-                while expanded and depth < cap:
-                    new = []
-                    for i, r in pol.grow(tree, depth, expanded):
-                        e = expanded[i]
-                        base = tree.logq[e.node] if e.node >= 0 else 0.0
-                        new.append(tree.add(e.node, int(e.ids[r - 1]), r, base + math.log(float(e.probs[r - 1]))))
-                    depth += 1
-                    if not new or depth >= cap:
-                        break
-                    feed = [j for j in pol.expand(tree, new) if tree.tokens[j] not in eos]
-                    if not feed:
-                        break
-                    logits = tree_forward(drafter, dcache, tree, [], feed, fed, old_len, len(feed))
-                    forwards += 1
-                    fed.extend(feed)
-                    probs, ids = _top(logits, width)
-                    expanded = []
-                    for k, j in enumerate(feed):
-                        rows[j] = ids[k]
-                        expanded.append(Expansion(j, probs[k], ids[k], logits[k] if pol.needs_rows else None))
             d_time += time.perf_counter() - d0
             res["round_d"].append(time.perf_counter() - d0)
 
@@ -235,6 +267,7 @@ def _run(target: Any, drafter: Any, seq: list[int], pol: TreePolicy, max_new_tok
             res["trees"].append(vtree)
             res["paths"].append(path)
             res["drafted_nodes"].append(len(tree))
+            res["widths"].append(widths)
             res["round_w"].append(time.perf_counter() - round_start)
     wall = time.perf_counter() - start
     return TreeResult(
@@ -255,6 +288,7 @@ def _run(target: Any, drafter: Any, seq: list[int], pol: TreePolicy, max_new_tok
         trees=res["trees"],
         paths=res["paths"],
         drafted_nodes=res["drafted_nodes"],
+        widths=res["widths"],
     )
 
 

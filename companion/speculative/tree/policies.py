@@ -47,12 +47,14 @@ from companion.speculative.tree.shape import DraftTree
 @dataclass(frozen=True)
 class Expansion:
     """One expanded node's drafter distribution: ``node`` (-1: the root), its top ``max_width`` probabilities
-    ``probs`` (float64, descending) and their ``ids``; ``logits`` the whole row when the policy ``needs_rows``."""
+    ``probs`` (float64, descending) and their ``ids``; ``logits`` the whole row when the policy ``needs_rows``, or
+    instead ``scores`` its ``tree:m`` certificate scores already computed (a replay's recorded ones)."""
 
     node: int
     probs: Tensor
     ids: Tensor
     logits: Tensor | None = None
+    scores: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -335,8 +337,12 @@ class Certified(TreePolicy):
         if not expanded or depth >= self.dmax or self._n >= self.nmax:
             return []
         e = expanded[0]
-        assert e.logits is not None
-        u = self._scores(e.logits)
+        if e.scores is not None:
+            u = np.asarray(e.scores, dtype=float)[: self.wmax]
+        elif e.logits is not None:
+            u = self._scores(e.logits)
+        else:
+            raise ValueError("the certified tree needs the drafter's whole row (or its certificate scores) at each node")
         self._spine_u.append(u)
         s = np.maximum.accumulate(self.cal(u))
         lam = self.rate
