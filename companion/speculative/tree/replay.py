@@ -105,10 +105,11 @@ def _scores(rows: Tensor, width: int) -> np.ndarray:
     return -np.expm1(-np.stack([rho[f"tree:{m}"].cpu().numpy() for m in widths], axis=-1))
 
 
-def _node(row: Tensor, width: int) -> ChainNode:
-    probs, ids = _top(row[None], width)
-    return ChainNode(tuple(int(i) for i in ids[0]), tuple(float(p) for p in probs[0]),
-                     tuple(float(u) for u in _scores(row[None], width)[0]))
+def _nodes(rows: Tensor, width: int) -> tuple[ChainNode, ...]:
+    probs, ids = _top(rows, width)
+    scores = _scores(rows, width)
+    return tuple(ChainNode(tuple(int(i) for i in ids[k]), tuple(float(p) for p in probs[k]),
+                           tuple(float(u) for u in scores[k])) for k in range(len(rows)))
 
 
 def record_tree_text(target: Any, drafter: Any, input_ids: Tensor | Sequence[int], *, max_new_tokens: int,
@@ -135,15 +136,16 @@ def record_tree_text(target: Any, drafter: Any, input_ids: Tensor | Sequence[int
         cached = 0
         for s in range(len(text)):
             ctx = seq + text[:s]
-            steps: list[ChainNode] = []
-            row = _forward(drafter, ctx[cached:], cache, 1)[0]
-            cached = len(ctx)
+            chain_rows: list[Tensor] = []
             for d in range(min(depth, max_new_tokens - s - 1)):
                 if d:
-                    row = _forward(drafter, [steps[-1].ids[0]], cache, 1)[0]
-                steps.append(_node(row, width))
+                    row = _forward(drafter, [int(chain_rows[-1].argmax())], cache, 1)[0]
+                else:
+                    row = _forward(drafter, ctx[cached:], cache, 1)[0]
+                    cached = len(ctx)
+                chain_rows.append(row)
             cache.crop(cached)
-            chains.append(tuple(steps))
+            chains.append(_nodes(torch.stack(chain_rows), width) if chain_rows else ())
         recorded: dict[str, tuple[tuple[DraftTree, tuple[int, ...], frozenset[int]], ...]] = {}
         for spec in trees:
             pol = parse_tree_policy(spec)
