@@ -138,3 +138,11 @@ def test_measure_tree_costs_runs_on_the_pair(one_torch_thread):
     assert len(m.verify) == 5 and len(m.draft) == 3 and all(v > 0 for v in m.verify)
     assert set(s.to_json()) == {"context", "threads", "one_s", "tree_s", "draft_s"}
     assert torch.get_num_threads() >= 1
+
+
+def test_expanded_widths():
+    from companion.speculative.tree.model import expanded_widths
+
+    assert expanded_widths(full_tree([2, 2, 2])) == [2, 4]
+    assert expanded_widths(spine_tree([3, 2, 1])) == [1, 1]
+    assert expanded_widths([(1,), (2,)]) == []

@@ -85,6 +85,15 @@ def spine_tree(widths: Sequence[int]) -> list[RankPath]:
     return [(1,) * d + (r,) for d, w in enumerate(widths) for r in range(1, w + 1)]
 
 
+def expanded_widths(paths: Iterable[Sequence[int]]) -> list[int]:
+    """Per depth ``d = 1, 2, ...``: how many nodes of depth ``d`` have a child, i.e. the nodes the drafter's forward
+    at that depth is fed (the root's forward, over the context, comes before them)."""
+    ps = check_rank_paths(paths)
+    parents = {p[:-1] for p in ps if len(p) > 1}
+    deep = max((len(p) for p in parents), default=0)
+    return [sum(1 for p in parents if len(p) == d) for d in range(1, deep + 1)]
+
+
 def empirical_prefix_law(rank_rows: Iterable[Sequence[int]]) -> dict[RankPath, float]:
     """The joint law of the rank prefixes over recorded rounds: ``rank_rows`` one rank sequence per round start
     (e.g. the text's teacher-forced ranks from each position); returns ``P(prefix = v)`` for every prefix seen."""

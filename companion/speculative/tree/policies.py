@@ -380,7 +380,8 @@ class Certified(TreePolicy):
         self._cost += self.verify_cost(len(outcome.tree)) + self.c * outcome.drafter_forwards
 
     def __str__(self) -> str:
-        knobs = [f"{k}={getattr(self, k)}" for k, v in _CERT_DEFAULTS.items() if getattr(self, k) != v]
+        # floats to 4 significant digits: a label (a measured c would otherwise print 16 digits)
+        knobs = [f"{k}={getattr(self, k):.4g}" for k, v in _CERT_DEFAULTS.items() if getattr(self, k) != v]
         return "certified" + (":" + ",".join(knobs) if knobs else "")
 
 

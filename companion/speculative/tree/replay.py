@@ -25,6 +25,7 @@ first round's drafter forward is priced as one token, as in every later round th
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -122,8 +123,10 @@ def record_tree_text(target: Any, drafter: Any, input_ids: Tensor | Sequence[int
         raise ValueError(f"width {width} must be below the vocabulary size {vocab}")
     with torch.inference_mode():
         ids = torch.tensor([seq], dtype=torch.long, device=target.device)
-        text = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None,
-                               pad_token_id=0)[0, len(seq):].tolist()
+        config = copy.deepcopy(target.generation_config)
+        config.do_sample, config.max_new_tokens, config.eos_token_id = False, max_new_tokens, None
+        config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        text = target.generate(ids, generation_config=config)[0, len(seq):].tolist()
         full = torch.tensor([seq + text], dtype=torch.long, device=drafter.device)
         rows = drafter(input_ids=full).logits[0, len(seq) - 1:len(seq) - 1 + len(text)].float()
         _, top = _top(rows, width)
