@@ -252,8 +252,8 @@ class Certified(TreePolicy):
     ``m``-th child adds ``S (s_m - s_{m-1})`` expected accepted tokens and one verified node; it is added while that
     exceeds ``lam (V(n + 1) - V(n))``, ``n`` the nodes so far, ``V`` the verification cost over tree tokens (in
     one-token target forwards) and ``lam`` the running tokens per unit of modelled cost (the rate the round must
-    beat, as in the chain rule's Dinkelbach form). The spine deepens while ``S s_1 s̄ > lam (c + V(n + 1) - V(n))``
-    (``s̄`` the calibrated mean of ``s_1``): the next depth's expected token pays for a drafter forward and a node.
+    beat, as in the chain rule's Dinkelbach form). The spine deepens while ``S s_1 s_bar > lam (c + V(n + 1) - V(n))``
+    (``s_bar`` the calibrated mean of ``s_1``): the next depth's expected token pays for a drafter forward and a node.
     At most ``nmax`` nodes, ``dmax`` depths and ``wmax`` children per node.
 
     Knobs: ``nmax`` (16), ``dmax`` (8), ``wmax`` (4), ``c`` (0.28), ``v1`` (1.0) and ``dv`` (0.02) the affine
