@@ -113,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     tcosts = samples.model()
     chain_costs = CostModel(c=tcosts.c, verify=tcosts.verify)
     print(f"costs ({time.perf_counter() - t0:.0f} s, {args.cost_repeats} repeats, context {args.context}, "
-          f"{torch.get_num_threads()} threads):")
+          f"{torch.get_num_threads()} threads):", flush=True)
     for n in sizes:
         lo, med, hi = samples.spread("verify", n)
         print(f"  V({n:2d}) = {tcosts.verify_cost(n):.3f}   paired {lo:.3f} .. {hi:.3f}")
     for w in widths:
         lo, med, hi = samples.spread("draft", w)
-        print(f"  D({w:2d}) = {tcosts.draft_cost(w):.3f}   paired {lo:.3f} .. {hi:.3f}")
+        print(f"  D({w:2d}) = {tcosts.draft_cost(w):.3f}   paired {lo:.3f} .. {hi:.3f}", flush=True)
 
     # 2. calibration
     t0 = time.perf_counter()
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         paths, ea = best_tree(law, n, max_depth=8)
         fwd = tcosts.c + sum(tcosts.draft_cost(w) for w in expanded_widths(paths))
         print(f"  best static tree of {n:2d} nodes knowing the ranks: E[A] = {ea:.3f}, "
-              f"modelled {(ea + 1) / (tcosts.verify_cost(n) + fwd):.3f}x plain")
+              f"modelled {(ea + 1) / (tcosts.verify_cost(n) + fwd):.3f}x plain", flush=True)
 
     # 3. clock
     modes = ["plain"] + ([] if args.no_hf else ["hf default", "hf best"]) + ["chain certificate"] + [str(t) for t in trees]
