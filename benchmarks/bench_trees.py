@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     from companion.speculative import parse_policy, record_many, replay
     from companion.speculative.clock import paired_ratio
     from companion.speculative.heldout import choose_builtin
-    from companion.speculative.tree import generate_tree, parse_tree_policy
+    from companion.speculative.tree import bf16_parting, generate_tree, parse_tree_policy
     from companion.speculative.tree.costs import measure_tree_costs
     from companion.speculative.tree.model import best_tree, empirical_prefix_law, expanded_widths
     from companion.speculative.tree.policies import Certified, Dynamic
@@ -240,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {q['geomean']:.3f} [{q['lo']:.3f}, {q['hi']:.3f}] (pairs {q['min']:.3f} .. {q['max']:.3f})")
     print(f"best tree policy on calibration: {best_tree_spec}")
     print(f"runs whose text differs from plain decoding: {differ or 'none'}")
+    partings = []
+    for r in runs:
+        if (r["mode"], r["prompt"]) in differ and r["mode"] != "plain":
+            where = bf16_parting(r["ids"], plain_ids[(r["prompt"], r["repeat"])], target, held[r["prompt"]][0].tolist(),
+                                 dtype)
+            if where is not None:
+                partings.append({"mode": r["mode"], "prompt": r["prompt"], "repeat": r["repeat"], "position": where[0],
+                                 "gap_ulps": where[1]})
+                print(f"  {r['mode']} prompt {r['prompt']} repeat {r['repeat']}: parts at answer token {where[0]}, "
+                      f"the target's top-2 logits {where[1]:.1f} ulps apart in {dtype}")
     if args.out:
         record = {
             "preset": args.preset, "dtype": dtype, "batch": 1, "device": "cpu", "threads": torch.get_num_threads(),
@@ -253,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             "calibration_prompts": args.calib_prompts, "best_builtin": best, "hf_default": HF_DEFAULT,
             "calibration_modelled_tree": modelled_calib, "best_tree": best_tree_spec, "modes": modes,
             "tokens_per_s": speed, "modelled_speedup": modelled, "ratios": ratios,
-            "differ_from_plain": [list(d) for d in differ],
+            "differ_from_plain": [list(d) for d in differ], "partings": partings,
             "runs": [{k: v for k, v in r.items() if k != "ids"} for r in runs],
         }
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
