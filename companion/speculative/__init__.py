@@ -15,7 +15,7 @@ round-by-round check against transformers. :func:`record_chains` records once pe
 that a lossless policy can observe (the target's greedy text, the drafter's greedy chain from
 every position of it), :func:`replay` runs any policy on such a recording without a model, and
 :func:`oracle_cost` is the least modelled cost any lossless chain policy reaches on it.
-:func:`generate_tree` (:mod:`companion.speculative.tree`) verifies a tree of drafts in one forward.
+:func:`~companion.speculative.tree.generate_tree` (:mod:`companion.speculative.tree`) verifies a tree of drafts in one forward.
 """
 from companion.speculative.compare import (
     CALIBRATED,
@@ -130,8 +130,5 @@ __all__ = [
     "record_chains",
     "record_many",
     "replay",
-    "TREE_FORMS",
-    "TreeResult",
-    "generate_tree",
-    "parse_tree_policy",
 ]
+# The tree decoder's names are importable from here too; their reference is companion.speculative.tree's page.

@@ -1,6 +1,6 @@
 """Draft trees at decode time: a tree of drafts verified in one target forward with a tree attention mask.
 
-:func:`generate_tree` decodes with a tree policy (:data:`TREE_FORMS`: ``static``, ``spine``, ``dynamic``,
+:func:`generate_tree` decodes with a tree policy (``TREE_FORMS``: ``static``, ``spine``, ``dynamic``,
 ``certified``); :mod:`.shape` holds the tree and its mask, :mod:`.verify` the one-forward verification and the
 cache compaction, :mod:`.model` the expected accepted length and cost model of a tree, the oracle and the
 replay of tree rounds from recorded ranks.

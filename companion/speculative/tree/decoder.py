@@ -101,7 +101,7 @@ def generate_tree(
 ) -> SpeculativeResult:
     """Tree speculative greedy decoding of ``input_ids`` (one sequence); see the module docstring.
 
-    ``policy``: a tree spec (:data:`~companion.speculative.tree.policies.TREE_FORMS`) or a
+    ``policy``: a tree spec (``TREE_FORMS``) or a
     :class:`~companion.speculative.tree.policies.TreePolicy` (its state carries over); a chain spec
     (``constant:K``...) runs the chain decoder :func:`companion.speculative.generate`. ``fallback``: a chain spec
     to run instead when a model cannot verify a tree (no 4D-mask support); without it such a model is refused.

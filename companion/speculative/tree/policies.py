@@ -71,6 +71,7 @@ class TreeOutcome:
 
     @property
     def accepted(self) -> int:
+        """Draft tokens the target accepted this round: the kept path's length."""
         return len(self.path)
 
 

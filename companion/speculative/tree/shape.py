@@ -39,6 +39,8 @@ class DraftTree:
         return len(self.tokens)
 
     def add(self, parent: int, token: int, rank: int, logq: float) -> int:
+        """Append a node (``token``, the drafter's ``rank`` of it under ``parent``, its path log-probability
+        ``logq``) below ``parent`` (-1: the root); its index."""
         if not -1 <= parent < len(self):
             raise ValueError(f"parent {parent} is not a node of a tree of {len(self)} nodes (or -1, the root)")
         self.tokens.append(int(token))

@@ -1,7 +1,7 @@
 """One forward over a whole tree, and the caches compacted to the kept path.
 
 :func:`tree_forward` feeds plain context tokens and tree nodes in one forward with the tree's 4D
-attention mask and per-node position ids (:func:`~companion.speculative.tree.shape.tree_attention`)
+attention mask and per-node position ids (:func:`~companion.speculative.tree.tree_attention`)
 over a ``DynamicCache``. transformers 4.57 passes a 4D mask through unchanged
 (``masking_utils._preprocess_mask_arguments`` returns it as given) to the eager and SDPA
 attention kernels, which add it to the scores; flash attention ignores custom masks, so such a
@@ -40,7 +40,7 @@ def tree_forward(model: Any, cache: DynamicCache, tree: DraftTree, chain: Sequen
                  cached_nodes: Sequence[int], past: int, keep: int) -> Tensor:
     """Logits (float32) of the last ``keep`` fed positions of one forward over ``chain`` context tokens then the
     tree nodes ``nodes``, over ``cache`` (``past`` context tokens, then ``cached_nodes``); see
-    :func:`~companion.speculative.tree.shape.tree_attention`."""
+    :func:`~companion.speculative.tree.tree_attention`."""
     mask, pos = tree_attention(tree, past, len(chain), nodes, cached_nodes, _model_dtype(model), model.device)
     ids = torch.tensor([list(chain) + [tree.tokens[i] for i in nodes]], dtype=torch.long, device=model.device)
     kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True, "attention_mask": mask,
