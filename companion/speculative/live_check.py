@@ -89,3 +89,25 @@ def live_check(target: Any, drafter: Any, prompt_ids: Sequence[torch.Tensor], an
                            f"mismatches ({hf.total - hf.matched}): {hf.mismatches[:5]}")
     runs = len(prompt_ids) * (len(builtins) + 1)
     return LiveCheck(ours, runs - replay_parted, runs, hf.matched, hf.total, departures, time.perf_counter() - t0)
+
+
+def text_departures(runs: Sequence[Any], answers: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]],
+                    dtype: str) -> list[tuple[int, int, bool]]:
+    """Where each live run's text first departs from the harvested answer of its prompt:
+    ``(prompt, position, whether the target's top-2 logits are a near tie there)``, one per run that departs.
+
+    The harvest's batched answers are the target's greedy text, so one-sequence decoding gives the
+    same tokens; in a reduced precision a batched and a one-sequence forward may round a near tie
+    (:func:`companion.harvest.ties.near_ties`) differently, and only there. ``rows[i]``: prompt ``i``'s
+    harvested columns ``logit_top1`` and ``logit_gap`` in step order
+    (:func:`companion.speculative.harvest_rounds.harvest_rows_by_prompt`)."""
+    from companion.harvest.ties import near_ties
+
+    out = []
+    for i, (run, answer, cols) in enumerate(zip(runs, answers, rows)):
+        got = [int(t) for t in run.tokens.tolist()]
+        j = next((t for t, (a, b) in enumerate(zip(got, answer)) if a != b), None)
+        if j is not None:
+            tie = bool(near_ties(cols["logit_top1"][j:j + 1], cols["logit_gap"][j:j + 1], dtype)[0])
+            out.append((i, j, tie))
+    return out
