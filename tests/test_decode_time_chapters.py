@@ -139,3 +139,21 @@ def test_the_closing_section_states_the_batching_fact_the_right_way_round() -> N
     text = " ".join(_source(c) for c in _cells(CH11) if c["cell_type"] == "markdown")
     assert "nearly free per token" not in text
     assert "optimum moves toward shorter drafts" in text.replace("\n", " ")
+
+
+def test_text_departures_name_the_first_differing_position_and_its_tie() -> None:
+    import numpy as np
+    import torch
+
+    from companion.harvest.ties import tie_band
+    from companion.speculative.live_check import text_departures
+
+    class Run:
+        def __init__(self, tokens):
+            self.tokens = torch.tensor(tokens)
+
+    z = np.full(4, 20.0)
+    gaps = np.array([1.0, 1.0, float(tie_band(20.0, "bfloat16")), 1.0])   # a near tie at step 2 only
+    rows = [{"logit_top1": z, "logit_gap": gaps}] * 3
+    runs = [Run([1, 2, 3, 4]), Run([1, 2, 9, 4]), Run([1, 9, 3, 4])]
+    assert text_departures(runs, [[1, 2, 3, 4]] * 3, rows, "bfloat16") == [(1, 2, True), (2, 1, False)]
