@@ -225,7 +225,10 @@ def decode_time(preset: str, *, device: str, seed: int, n_eval_prompts: int, n_c
     n_record = min(record_new_tokens, max_new_tokens)
     settings = dict(preset=preset, device=dev.type, seed=seed, n_eval=n_eval_prompts, n_calib=n_calibration_prompts,
                     n_record=n_record, max_drafts=max_drafts, pinned=pinned_costs, measured=measured_costs,
-                    measure=(measure_kmax, measure_repeats), builtins=grid_builtins(), harvest=harvest.manifest)
+                    measure=(measure_kmax, measure_repeats), builtins=grid_builtins(),
+                    # the harvest's configuration, not its whole manifest: the chapter that harvests holds the
+                    # manifest harvest() returned, the other the one read back, and the two need not be equal
+                    harvest=harvest.manifest.get("config"))
 
     def make() -> DecodeTimeData:
         target, drafter, tokenizer, prompts = loaded()
