@@ -1,4 +1,4 @@
-"""The committed clock measurements' reader and the sentences of chapter 10's wall-clock section."""
+"""The committed clock measurements' reader and the ratios the clock chapter quotes."""
 from __future__ import annotations
 
 import json
@@ -10,11 +10,11 @@ from companion.speculative.clock import (
     Goal,
     committed_costs,
     committed_wallclock,
-    goal_sentence,
+    modelled_speedups,
     model_check,
-    model_check_sentence,
     paired_ratio,
     run_ratio,
+    speedups,
 )
 from companion.speculative.costs import CostSamples
 
@@ -41,29 +41,31 @@ def test_run_ratio_pairs_runs_by_prompt_and_repeat():
         run_ratio(rec, "hf best", "plain")
 
 
-@pytest.mark.parametrize("lo, hi, outcome, words", [
-    (1.06, 1.2, "reached", "is reached"),
-    (0.9, 0.99, "not reached", "slower than it"),
-    (1.01, 1.04, "not reached", "faster than it"),
-    (0.98, 1.03, "not reached", "not resolved from it"),
-    (1.0, 1.1, "unresolved", "not resolved"),
+@pytest.mark.parametrize("lo, hi, outcome", [
+    (1.06, 1.2, "reached"), (0.9, 0.99, "not reached"), (1.01, 1.04, "not reached"), (1.0, 1.1, "unresolved"),
 ])
-def test_goal_sentence_has_a_branch_per_outcome(lo, hi, outcome, words):
-    goal = Goal({"geomean": (lo + hi) / 2, "lo": lo, "hi": hi}, 1.05)
-    assert goal.outcome == outcome
-    text = goal_sentence(goal, "`transformers` under `constant:4`", "LIMITS")
-    assert words in text and "1.05x" in text and f"[{lo:.2f}, {hi:.2f}]" in text
-    assert ("LIMITS" in text) == (outcome != "reached")
+def test_goal_outcome_is_read_from_the_interval(lo, hi, outcome):
+    assert Goal({"geomean": (lo + hi) / 2, "lo": lo, "hi": hi}, 1.05).outcome == outcome
 
 
-def test_model_check_sentence_names_every_miss():
-    ok = model_check({"a": 1.5, "b": 1.2}, {"a": 1.45, "b": 1.25})
-    assert "predicts every measured speed-up within 10%" in model_check_sentence(ok)
+def test_model_check_is_the_relative_error_of_each_prediction():
     off = model_check({"a": 1.5, "b": 1.2}, {"a": 1.2, "b": 1.25})
-    text = model_check_sentence(off)
-    assert "misses 1 of the 2" in text and "`a` underestimated by 20.0%" in text and "`b`" not in text
+    assert off["a"] == pytest.approx(-0.2) and off["b"] == pytest.approx(1.25 / 1.2 - 1)
     with pytest.raises(ValueError, match="different modes"):
         model_check({"a": 1.0}, {"b": 1.0})
+
+
+def test_speedups_recompute_the_committed_record_from_its_runs():
+    """Every ratio the clock chapter quotes is the record's own (recomputed from its runs, not retyped)."""
+    record = committed_wallclock("qwen2.5-coder")
+    assert record is not None
+    got = speedups(record)
+    for name, stored in record["ratios"].items():
+        assert got[name]["geomean"] == pytest.approx(stored["geomean"], rel=1e-9), name
+        assert got[name]["pairs"] == stored["pairs"]
+    # the evidence behind the intervals: (prompt, repeat) pairs of the prompts and repeats the record names
+    assert {r["pairs"] for r in got.values()} == {record["prompts"] * record["repeats"]}
+    assert modelled_speedups(record)["hf best"] == pytest.approx(1 / record["modelled_cost"]["hf best"])
 
 
 def test_committed_files_read_and_refused(tmp_path):

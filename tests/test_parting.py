@@ -61,18 +61,3 @@ def test_tie_rows_use_the_harvest_band_and_parts_at_tie_looks_inside_the_round_o
     assert parts_at_tie(where, ties, no_ties) == {"target": [4], "drafter": []}
     assert parts_at_tie(where, no_ties, ties) == {"target": [], "drafter": [4]}
     assert parts_at_tie(Parting(0, 0, 1, ("accepted",)), ties, ties) == {"target": [0, 1], "drafter": [0, 1]}
-
-
-def test_certified_near_tie_sentence_has_a_branch_per_outcome() -> None:
-    from companion.speculative.parting import certified_near_tie_sentence as say
-
-    none = say(np.array([False, False]), np.array([True, False]), np.array([False, False]), "bfloat16")
-    assert none.startswith("The certificate vouched for no step"), none
-    clear = say(np.array([True, True, False]), np.array([False, False, True]), np.array([False, False, True]),
-                "bfloat16", what="strict greedy's certificate")
-    assert clear.startswith("None of the 2 steps strict greedy's certificate vouched for") and "whichever" in clear, clear
-    some = say(np.array([True, True, True]), np.array([True, False, True]), np.array([False, True, True]), "bfloat16")
-    assert "Of the 3 steps the certificate vouched for, 3 sit" in some, some
-    assert "the target's on 2, the drafter's on 2" in some and "another path" in some, some
-    with pytest.raises(ValueError):
-        say(np.array([True]), np.array([True, False]), np.array([True]), "bfloat16")

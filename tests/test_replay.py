@@ -38,7 +38,6 @@ from companion.speculative import (
     replay_grid,
     submit_replay_grid,
 )
-from companion.speculative.replay import gap_sentence, goal_sentence, versus_sentence
 
 from tests.pair_prompts import chat_prompts, code_prompts
 
@@ -528,47 +527,6 @@ def fake_row(shape: str, c: float, *, vs_const=(1.0, 0.9, 1.1), vs_default=(1.0,
                    best_vs_oracle=R(*best),
                    gap_closed={p: (to_oracle[best_const] - x) / gap if gap > 0 else math.nan
                                for p, x in to_oracle.items()})
-
-
-def test_versus_sentence_has_words_for_every_outcome():
-    labels = {"flat": "flat V", "cpu": "CPU V"}
-    rows = [fake_row("flat", 0.05, vs_const=(0.9, 0.85, 0.95)), fake_row("flat", 0.2, vs_const=(0.8, 0.7, 0.9)),
-            fake_row("cpu", 0.05, vs_const=(1.05, 1.01, 1.1)), fake_row("cpu", 0.2)]
-    text = versus_sentence(rows, lambda r: r.cert_vs_constant, "X", labels)
-    assert "cheaper than X on 2 of the 4 cost models (flat V at c = 0.05, 0.2), by 10.0% to 20.0%" in text
-    assert "dearer than X on 1 of the 4 cost models (CPU V at c = 0.05), by 5.0%" in text
-    assert "on 1 of the 4 the 95 % interval contains 1 (no difference resolved: CPU V at c = 0.2)" in text
-    every = versus_sentence(rows[:2], lambda r: r.cert_vs_constant, "X", labels)
-    assert "cheaper than X on every one of the 2 cost models" in every and "dearer than X on none" in every
-    assert "resolved on every cost model" in every
-    none = versus_sentence(rows[3:], lambda r: r.cert_vs_constant, "X", labels)
-    assert "cheaper than X on none" in none and "dearer than X on none" in none and "contains 1" in none
-
-
-def test_gap_and_goal_sentences_have_words_for_every_outcome():
-    rows = [fake_row("flat", 0.05), fake_row("flat", 1.0, to_oracle={"constant:3": 1.0, "certificate": 1.02,
-                                                                      "confidence:0.4": 1.2, "margin": 1.01})]
-    text = gap_sentence(rows)
-    # margin closes (1.3 - 1.05) / 0.3 of the gap, the certificate (1.3 - 1.2) / 0.3
-    assert "closes 83% of the gap" in text and "the certificate rule closes 33% (median 33%)" in text
-    assert "On 1 cost model the best constant schedule already reaches the oracle" in text
-    assert "no gap" in gap_sentence(rows[1:])
-    dear = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.4, "confidence:0.4": 1.5})])
-    assert "no policy improves on the best constant schedule anywhere" in dear and "a negative share on 1" in dear
-    # a share that rounds to zero from below reads "0%", not "-0%"
-    tiny = gap_sentence([fake_row("flat", 0.05, to_oracle={"constant:3": 1.3, "certificate": 1.3003,
-                                                            "confidence:0.4": 1.5, "margin": 1.2})])
-    assert "the certificate rule closes 0% (median 0%)" in tiny and "-0%" not in tiny
-    near = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.9, 0.85, 0.95)))
-    assert "within 10% of the limit" in near and "entirely below 1: it is 10.0% cheaper, at least the 5% asked" in near
-    small = goal_sentence(fake_row("flat", 0.05, best=(1.05, 1.02, 1.08), vs_const=(0.97, 0.95, 0.99)))
-    assert "it is 3.0% cheaper, less than the 5% asked" in small
-    edge = goal_sentence(fake_row("flat", 0.05, best=(1.08, 1.02, 1.15), vs_const=(1.1, 1.05, 1.2)))
-    assert "though the interval reaches above 1.10" in edge and "entirely above 1: it is 10.0% dearer" in edge
-    assert "so it is not the 5% saving with an interval below 1 that was asked" in edge
-    far = goal_sentence(fake_row("flat", 0.05, best=(1.2, 1.1, 1.3)))
-    assert "none of the policies replayed comes within 10% of the oracle" in far
-    assert "`constant:3` 1.300" in far and "`certificate` 1.200" in far and "no difference is resolved" in far
 
 
 def test_oracle_ratio_figure_draws_the_rows_legibly():

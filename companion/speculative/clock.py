@@ -1,4 +1,4 @@
-"""Committed measurements of the clock for a preset's pair, and what they say, in sentences.
+"""Committed measurements of the clock for a preset's pair, and the ratios they give.
 
 Two files per preset in ``companion/assets/measured_costs/`` (written by the scripts of
 ``benchmarks/``, each with its provenance: machine, threads, load, library versions, date, command):
@@ -12,13 +12,12 @@ Two files per preset in ``companion/assets/measured_costs/`` (written by the scr
 
 :func:`committed_costs` and :func:`committed_wallclock` read them (``None`` when the preset has
 none); :func:`paired_ratio` is the ratio the benchmark reports, recomputed from its runs;
-:func:`goal_sentence` and :func:`model_check_sentence` state the two goals' outcomes, one branch
-per outcome.
+:func:`speedups` every ratio a page quotes, and :func:`model_check` how far the cost model's
+predicted speed-ups are from the measured ones (the verdicts as data: ratio, interval, outcome).
 """
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,25 +101,6 @@ class Goal:
         return "unresolved"
 
 
-def _x(v: float) -> str:
-    return f"{v:.2f}x"
-
-
-def goal_sentence(goal: Goal, baseline: str, limits: str) -> str:
-    """One sentence per outcome of :class:`Goal`; ``limits`` (a clause) says what bounds the ratio when it falls short."""
-    r = goal.ratio
-    size = f"{_x(r['geomean'])} [{r['lo']:.2f}, {r['hi']:.2f}] the tokens per second of {baseline}"
-    if goal.outcome == "reached":
-        return f"the goal of {_x(goal.target)} is reached: our decoder under the certificate rule ran at {size}"
-    faster = ("faster than it" if r["lo"] > 1 else "slower than it" if r["hi"] < 1 else
-              "not resolved from it")
-    if goal.outcome == "not reached":
-        return (f"the goal of {_x(goal.target)} is not reached: our decoder under the certificate rule ran at {size} "
-                f"({faster}); {limits}")
-    return (f"whether the goal of {_x(goal.target)} is reached is not resolved: our decoder under the certificate rule "
-            f"ran at {size} ({faster}), an interval on both sides of {goal.target:g}; {limits}")
-
-
 def model_check(measured: dict[str, float], modelled: dict[str, float], tolerance: float = 0.10) -> dict[str, float]:
     """Per mode, the modelled speed-up over the measured one, minus 1 (``|x| <= tolerance``: the model predicts it)."""
     if set(measured) != set(modelled):
@@ -128,15 +108,21 @@ def model_check(measured: dict[str, float], modelled: dict[str, float], toleranc
     return {m: modelled[m] / measured[m] - 1.0 for m in measured}
 
 
-def model_check_sentence(errors: dict[str, float], tolerance: float = 0.10) -> str:
-    """Whether the cost model predicts every measured speed-up within ``tolerance``; names those it misses."""
-    if not errors:
-        raise ValueError("no speed-ups to check")
-    worst = max(errors, key=lambda m: abs(errors[m]))
-    off = {m: e for m, e in errors.items() if not abs(e) <= tolerance or math.isnan(e)}
-    if not off:
-        return (f"the cost model predicts every measured speed-up within {tolerance:.0%} (the furthest, `{worst}`, by "
-                f"{errors[worst]:+.1%})")
-    listing = ", ".join(f"`{m}` {'over' if e > 0 else 'under'}estimated by {abs(e):.1%}" for m, e in off.items())
-    return (f"the cost model misses {len(off)} of the {len(errors)} measured speed-ups by more than {tolerance:.0%}: "
-            f"{listing}")
+def speedups(record: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Every ratio of tokens per second a page quotes, recomputed from the record's runs (:func:`run_ratio`).
+
+    ``"<mode> / plain"`` for every decoding mode but plain, ``"ours certificate / hf default"``,
+    ``"ours certificate / hf best"`` and, when the record has it, ``"ours best / hf best"`` (the two
+    decoders under one schedule). Each: geometric mean over (prompt, repeat) pairs, 95 % bootstrap
+    interval over pairs, extremes and the number of pairs.
+    """
+    out = {f"{m} / plain": run_ratio(record, m, "plain") for m in record["modes"] if m != "plain"}
+    for a, b in (("ours certificate", "hf default"), ("ours certificate", "hf best"), ("ours best", "hf best")):
+        if a in record["modes"] and b in record["modes"]:
+            out[f"{a} / {b}"] = run_ratio(record, a, b)
+    return out
+
+
+def modelled_speedups(record: dict[str, Any]) -> dict[str, float]:
+    """Per drafting mode, the speed-up over plain decoding the cost model predicts: 1 over its modelled cost."""
+    return {m: 1.0 / record["modelled_cost"][m] for m in record["modes"] if m != "plain"}

@@ -199,6 +199,16 @@ class CostSamples:
         ratios = [a / b for a, b in zip(num, self.target_s[1])]
         return min(ratios), statistics.median(ratios), max(ratios)
 
+    def outliers(self, k: int | None, factor: float = 2.0) -> list[int]:
+        """The repeats whose paired ratio for ``V(k)`` (``c`` for ``k=None``) rests on an outlying timing: the
+        numerator's or the one-token target forward's more than ``factor`` times the median of its column
+        (a machine shared with other work stalls a forward now and then; the medians ignore such stalls,
+        the paired min and max do not)."""
+        num = self.drafter_s if k is None else self.target_s[k + 1]
+        den = self.target_s[1]
+        m_num, m_den = statistics.median(num), statistics.median(den)
+        return [r for r, (a, b) in enumerate(zip(num, den)) if a > factor * m_num or b > factor * m_den]
+
     def to_json(self) -> dict[str, Any]:
         """The samples as a JSON-ready dict."""
         return {"context": self.context, "threads": self.threads, "drafter_s": list(self.drafter_s),

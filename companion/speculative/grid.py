@@ -1,10 +1,10 @@
-"""Every policy replayed under many cost models, against the oracle: the comparison, the grid rows, their sentences."""
+"""Every policy replayed under many cost models, against the oracle: the comparison and the grid rows."""
 from __future__ import annotations
 
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -349,115 +349,3 @@ def ratio_outcome(est: RatioEstimate) -> str:
     if est.lo > 1.0:
         return "dearer"
     return "no difference"
-
-
-def _places(rows: Sequence[GridRow], labels: dict[str, str]) -> str:
-    """``"flat V at c = 0.02, 0.05; CPU V at c = 1"``: the cost models of ``rows``, grouped by shape."""
-    shapes = list(dict.fromkeys(r.shape for r in rows))
-    return "; ".join(f"{labels.get(sh, sh)} at c = " + ", ".join(f"{r.c:g}" for r in rows if r.shape == sh)
-                     for sh in shapes)
-
-
-def _by_how_much(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate]) -> str:
-    return "by " + _span([abs(1.0 - est(r).point) for r in rows], ".1%")
-
-
-def versus_sentence(rows: Sequence[GridRow], est: Callable[[GridRow], RatioEstimate], other: str,
-                    labels: dict[str, str]) -> str:
-    """Where the certificate rule is cheaper than ``other``, where dearer and where not resolved, by how much.
-
-    Cheaper / dearer: the 95 % interval of the cost ratio ``est(row)`` lies wholly below / above 1
-    (:func:`ratio_outcome`); by how much: the range of ``|1 - ratio|`` over those cost models.
-    """
-    n = len(rows)
-    groups = {o: [r for r in rows if ratio_outcome(est(r)) == o] for o in ("cheaper", "dearer", "no difference")}
-    parts = []
-    for outcome, verb in (("cheaper", "cheaper than"), ("dearer", "dearer than")):
-        g = groups[outcome]
-        if not g:
-            parts.append(f"it is {verb} {other} on none of the {n} cost models")
-        elif len(g) == n:
-            parts.append(f"it is {verb} {other} on every one of the {n} cost models, {_by_how_much(g, est)}")
-        else:
-            parts.append(f"it is {verb} {other} on {len(g)} of the {n} cost models ({_places(g, labels)}), "
-                         f"{_by_how_much(g, est)}")
-    unresolved = groups["no difference"]
-    if unresolved:
-        parts.append(f"on {len(unresolved)} of the {n} the 95 % interval contains 1 (no difference resolved: "
-                     f"{_places(unresolved, labels)})")
-    else:
-        parts.append("the difference is resolved on every cost model")
-    return "; ".join(parts[:-1]) + ", and " + parts[-1] + "."
-
-
-def _fmt(x: float, fmt: str) -> str:
-    """``format(x, fmt)`` without the sign of a value that rounds to zero (``"0%"``, not ``"-0%"``)."""
-    text = format(x, fmt)
-    return text[1:] if text.startswith("-") and not any(d in text for d in "123456789") else text
-
-
-def _span(values: Sequence[float], fmt: str) -> str:
-    """``"12% to 30%"``, or one number when the range rounds to one."""
-    lo, hi = _fmt(min(values), fmt), _fmt(max(values), fmt)
-    return lo if lo == hi else f"{lo} to {hi}"
-
-
-def gap_sentence(rows: Sequence[GridRow], certificate: str = "certificate") -> str:
-    """How far the best constant schedule is above the oracle and how much of that gap any policy closes."""
-    above = [r.to_oracle[r.best_constant] - 1 for r in rows]
-    with_gap = [r for r in rows if math.isfinite(r.gap_closed[r.best_policy])]
-    text = f"The best constant schedule costs {_span(above, '.1%')} more than the oracle across the grid."
-    if not with_gap:
-        return text + " It reaches the oracle on every cost model, so there is no gap for any policy to close."
-    best = [r.gap_closed[r.best_policy] for r in with_gap]
-    cert = [r.gap_closed[certificate] for r in with_gap]
-    text += (f" The cheapest policy replayed at each cost model closes {_span(best, '.0%')} of the gap "
-             f"from the best constant schedule to the oracle (median {_fmt(float(np.median(best)), '.0%')})")
-    if all(b == 0 for b in best):
-        text += ": no policy improves on the best constant schedule anywhere"
-    text += f"; the certificate rule closes {_span(cert, '.0%')} (median {_fmt(float(np.median(cert)), '.0%')})"
-    negative = sum(x < 0 for x in cert)
-    if negative:
-        text += (f", a negative share on {negative} of the {len(with_gap)} cost models meaning it costs more than "
-                 f"the best constant schedule there")
-    text += "."
-    rest = [r for r in rows if r not in with_gap]
-    if rest:
-        why = " (plain decoding: drafting does not pay there)" if all(r.best_constant == "constant:0" for r in rest) else ""
-        text += (f" On {len(rest)} cost model{'s' if len(rest) > 1 else ''}{why} the best constant schedule already "
-                 f"reaches the oracle, and these are left out of the shares.")
-    return text
-
-
-def goal_sentence(row: GridRow, *, within: float = 0.10, cheaper_by: float = 0.05, certificate: str = "certificate") -> str:
-    """At one cost model: is the cheapest policy replayed within ``within`` of the oracle, and is the
-    certificate rule's ratio to the best constant schedule resolved below 1, by at least ``cheaper_by``?
-    Every outcome has its words; when no policy is within reach, every policy's distance to the oracle
-    is listed."""
-    best = row.best_vs_oracle
-    if best.point <= 1 + within:
-        first = (f"the cheapest policy replayed, `{row.best_policy}`, costs {best.point:.3f} times the oracle "
-                 f"(95 % interval [{best.lo:.3f}, {best.hi:.3f}]): within {within:.0%} of the limit")
-        if best.hi > 1 + within:
-            first += f" by its point estimate, though the interval reaches above {1 + within:.2f}"
-    else:
-        ranked = sorted(row.to_oracle.items(), key=lambda kv: kv[1])
-        first = (f"none of the policies replayed comes within {within:.0%} of the oracle: the cheapest, `{row.best_policy}`, costs "
-                 f"{best.point:.3f} times the limit (95 % interval [{best.lo:.3f}, {best.hi:.3f}]); every policy's "
-                 f"cost over the oracle's: " + ", ".join(f"`{p}` {x:.3f}" for p, x in ranked))
-    est = row.cert_vs_constant
-    outcome = ratio_outcome(est)
-    if outcome == "cheaper":
-        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
-                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely below 1: it is {1 - est.point:.1%} cheaper")
-        second += (f", at least the {cheaper_by:.0%} asked" if 1 - est.point >= cheaper_by else
-                   f", less than the {cheaper_by:.0%} asked")
-    elif outcome == "dearer":
-        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
-                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval entirely above 1: it is {est.point - 1:.1%} dearer")
-    else:
-        second = (f"the certificate rule's cost over the best constant schedule's is {est.point:.3f} "
-                  f"[{est.lo:.3f}, {est.hi:.3f}], an interval that contains 1: no difference is resolved")
-    if outcome != "cheaper":
-        second += f", so it is not the {cheaper_by:.0%} saving with an interval below 1 that was asked"
-    return first + "; and " + second + "."

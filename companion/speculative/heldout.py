@@ -5,8 +5,8 @@ the minimum of many noisy costs). :func:`held_out_comparison` separates the two:
 is replayed on the calibration recordings (the ones that also warm the calibrated rules), the
 cheapest there is chosen, and the policy is compared with that one built-in on the held-out
 recordings, with a paired bootstrap over the held-out prompts (the choice is fixed, not redone
-per resample). :func:`held_out_sentence` and :func:`held_out_summary` say what that comparison
-resolves and nothing more: cheaper, dearer, not resolved, or exactly the same cost.
+per resample). :attr:`HeldOut.outcome` is the verdict as data (cheaper, dearer, no difference, or
+exactly the same cost); the chapters state it in their own words, checked against it.
 """
 from __future__ import annotations
 
@@ -97,83 +97,3 @@ def ratio_text(x: float) -> str:
         if x == 1.0 or float(text) != 1.0:
             return text
     return f"{x:.6f}"
-
-
-def _pct(x: float) -> str:
-    """``|1 - x|`` as a percentage: one decimal, two below 0.1 % (so that a resolved difference never reads 0.0 %)."""
-    d = abs(1.0 - x)
-    return f"{d:.2%}" if d < 0.001 else f"{d:.1%}"
-
-
-def _interval(r: RatioEstimate) -> str:
-    return f"{ratio_text(r.point)} [{ratio_text(r.lo)}, {ratio_text(r.hi)}]"
-
-
-def _chosen_words(h: HeldOut) -> str:
-    return (f"`{h.chosen}`, the {h.kind} cheapest on the {h.n_calibration} calibration "
-            f"prompt{'s' if h.n_calibration != 1 else ''}")
-
-
-def held_out_sentence(h: HeldOut, name: str = "the certificate policy") -> str:
-    """The held-out verdict as one sentence (the chapter's headline): what the comparison resolves, with its numbers."""
-    n = f"{h.n_held_out} held-out prompt{'s' if h.n_held_out != 1 else ''}"
-    ci = (f"ratio {_interval(h.ratio)}, 95 % paired bootstrap over the held-out prompts")
-    kind = h.outcome
-    if kind == "same":
-        return f"On the {n}, {name} cost exactly what {_chosen_words(h)}, cost on every one of them."
-    if kind == "cheaper":
-        return (f"On the {n}, {name} cost {_pct(h.ratio.point)} less per token than {_chosen_words(h)} "
-                f"({ci}: the whole interval is below 1).")
-    if kind == "dearer":
-        return (f"On the {n}, {name} cost {_pct(h.ratio.point)} more per token than {_chosen_words(h)} "
-                f"({ci}: the whole interval is above 1).")
-    side = "below" if h.ratio.point < 1 else "above"
-    return (f"On the {n}, {name} is not resolved from {_chosen_words(h)}: the ratio is {side} 1 by "
-            f"{_pct(h.ratio.point)}, but its interval contains 1 ({ci}).")
-
-
-def held_out_summary(h: HeldOut) -> str:
-    """The held-out verdict as a clause to follow "the certificate policy" (the summary and the book's landing page)."""
-    n = f"{h.n_held_out} held-out prompt{'s' if h.n_held_out != 1 else ''}"
-    chosen = f"`{h.chosen}` (the {h.kind} chosen on calibration prompts)"
-    ci = f"ratio {_interval(h.ratio)}"
-    kind = h.outcome
-    if kind == "same":
-        return f"cost exactly what {chosen} cost on each of {n}"
-    if kind == "cheaper":
-        return f"cost {_pct(h.ratio.point)} less per token than {chosen} on {n} ({ci}, wholly below 1)"
-    if kind == "dearer":
-        return f"cost {_pct(h.ratio.point)} more per token than {chosen} on {n} ({ci}, wholly above 1)"
-    return f"showed no resolved difference in cost per token from {chosen} on {n} ({ci}, which contains 1)"
-
-
-def held_out_goal_summary(best_vs_oracle: RatioEstimate, h: HeldOut, *, within: float = 0.10,
-                          cheaper_by: float = 0.05) -> str:
-    """At one replayed cost model, a clause for the summary: is the cheapest policy replayed within ``within`` of
-    the oracle (the caveat when only its point estimate is), and how the certificate rule compares, on the
-    held-out prompts, with the constant schedule chosen on the calibration prompts (``h``), against the
-    ``cheaper_by`` saving asked."""
-    limit = 1.0 + within
-    if best_vs_oracle.hi <= limit:
-        first = f"the cheapest policy replayed is within {within:.0%} of the oracle, its whole 95 % interval included"
-    elif best_vs_oracle.point <= limit:
-        first = (f"the cheapest policy replayed is within {within:.0%} of the oracle by its point estimate "
-                 f"({ratio_text(best_vs_oracle.point)}), though its 95 % interval reaches above {limit:.2f} "
-                 f"(to {ratio_text(best_vs_oracle.hi)})")
-    else:
-        first = (f"none of the policies replayed is within {within:.0%} of the oracle (the cheapest costs "
-                 f"{ratio_text(best_vs_oracle.point)} times its cost)")
-    kind = h.outcome
-    against = f"`{h.chosen}`, the {h.kind} chosen on the calibration prompts, on {h.n_held_out} held-out prompts"
-    ci = f"ratio {_interval(h.ratio)}"
-    if kind == "same":
-        second = f"costs exactly what {against} costs"
-    elif kind == "cheaper":
-        size = 1.0 - h.ratio.point
-        second = (f"is {_pct(h.ratio.point)} cheaper than {against} ({ci}, wholly below 1), "
-                  + (f"at least the {cheaper_by:.0%} asked" if size >= cheaper_by else f"less than the {cheaper_by:.0%} asked"))
-    elif kind == "dearer":
-        second = f"is {_pct(h.ratio.point)} dearer than {against} ({ci}, wholly above 1)"
-    else:
-        second = f"is not resolved from {against} ({ci}, which contains 1)"
-    return f"{first}, and the certificate rule {second}"

@@ -78,30 +78,3 @@ def parts_at_tie(where: Parting, target_ties: np.ndarray, drafter_ties: np.ndarr
     hi = where.last + 1
     return {"target": [int(t) for t in np.flatnonzero(target_ties[where.position:hi]) + where.position],
             "drafter": [int(t) for t in np.flatnonzero(drafter_ties[where.position:hi]) + where.position]}
-
-
-def certified_near_tie_sentence(certified: np.ndarray, near_target: np.ndarray, near_drafter: np.ndarray,
-                                dtype: str, what: str = "the certificate") -> str:
-    """Whether the steps a drafter-side certificate vouched for sit at near ties, in one sentence.
-
-    ``certified``, ``near_target``, ``near_drafter``: per step, whether the certificate vouched for the
-    draft and whether the target's and the drafter's top-2 logits are a near tie in ``dtype``
-    (:func:`tie_rows`); ``what`` names the certificate. The drafter-side certificates count exact ties
-    only, so their promise holds on the kernel path that computed the logits; at a near tie another
-    path may choose another token."""
-    cert = np.asarray(certified, dtype=bool)
-    t, d = np.asarray(near_target, dtype=bool), np.asarray(near_drafter, dtype=bool)
-    if not (cert.shape == t.shape == d.shape):
-        raise ValueError(f"one value per step expected, got shapes {cert.shape}, {t.shape}, {d.shape}")
-    n, near = int(cert.sum()), int((cert & (t | d)).sum())
-    if n == 0:
-        return f"{what[0].upper() + what[1:]} vouched for no step, so no near tie can break its promise here."
-    if near == 0:
-        return (f"None of the {n} steps {what} vouched for sits at a near tie of either model's top-2 "
-                f"logits in {dtype} (the band of chapter 7), so each of those drafts is accepted whichever kernel "
-                f"path verifies it, as far as that band covers the paths' differences.")
-    return (f"Of the {n} steps {what} vouched for, {near} sit at a near tie of the top-2 logits in {dtype} "
-            f"(the band of chapter 7; the target's on {int((cert & t).sum())}, the drafter's on "
-            f"{int((cert & d).sum())}): the drafter-side certificates count exact ties only, so on those steps their "
-            f"promise holds on the kernel path that computed these logits, and another path (a verification "
-            f"forward, another batch) may choose another token.")

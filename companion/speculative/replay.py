@@ -51,15 +51,12 @@ from companion.speculative.grid import (
     _grid_worker_row,
     _grid_worker_rows,
     _grid_worker_start,
-    gap_sentence,
-    goal_sentence,
     grid_builtins,
     grid_row,
     ratio_outcome,
     replay_comparison,
     replay_grid,
     submit_replay_grid,
-    versus_sentence,
 )
 from companion.speculative.oracle import _advance, _check_costs, _dp, oracle_cost, oracle_plan, oracle_result
 from companion.speculative.policy_replay import fits, replay
@@ -82,4 +79,4 @@ from companion.speculative.recording import (
 
 __all__ = ["ChainsTooShort", "fits", "GRID_CONSTANTS", "ORACLE", "GridRow", "RecordedChains", "grid_builtins", "grid_row", "oracle_cost",
            "oracle_plan", "oracle_result", "ratio_outcome", "record_chains", "record_many", "replay",
-           "replay_comparison", "replay_grid", "submit_replay_grid", "versus_sentence", "gap_sentence", "goal_sentence"]
+           "replay_comparison", "replay_grid", "submit_replay_grid"]
