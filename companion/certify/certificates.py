@@ -357,6 +357,19 @@ def round_down(cost: Tensor, s: TopSummary, divergence: str) -> Tensor:
     return lower_log_normaliser(cost, eta, t_err, normalisation_mismatch(s.values, tail))
 
 
+def value_error(s: TopSummary) -> tuple[Tensor, Tensor]:
+    """``(a, b)`` per row: each float64 value of ``s`` is within a relative ``2^-53 (a |log p_i| + b)``
+    of the exact probability times a factor common to the row (which :func:`round_down` covers).
+    From logits ``p_i = exp(l_i - lse)``: the subtraction rounds by ``|log p_i|`` units, ``exp`` by
+    two (``a = 1, b = 3``); from probabilities ``p_i = x_i / S``: the division, one unit (none
+    where ``S`` is a power of two); every dtype, float64 included."""
+    ones = torch.ones_like(s.norm)
+    if s.top_logits is not None:
+        return ones, 3 * ones
+    exact = torch.frexp(s.norm).mantissa == 0.5  # S = 2^k: the division is exact
+    return torch.zeros_like(ones), torch.where(exact, 0.0, 1.0) * ones
+
+
 def _nothing_rejected(r: Tensor, vocab: int, tau: Tensor, strict: bool) -> Tensor:
     """Rows whose rejection region is empty: all ``V`` tokens accepted, or a threshold no
     probability can fall below (``tau < 0``; ``tau = 0`` when the comparison is ``>=``)."""
@@ -416,7 +429,7 @@ def _level_set_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, tau: Tens
     out = {}
     for div in divs:
         pool_k, extra, _, incomplete = level_set_pool(values, logs, n_above, y_pos, y_val, y_log, div)
-        cost = round_down(cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div), s, div)
+        cost = round_down(cost_of_pool(values, logs, tail, pool_k, y_val, y_log, extra, div, value_error(s)), s, div)
         if div == "reverse":
             # y* with p = 0 cannot carry the maximum of any q with KL(q || p) < inf: +inf is exact.
             cost = torch.where(torch.isneginf(y_log), torch.full_like(cost, torch.inf), cost)
@@ -454,12 +467,13 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     band = s.band if ties == "worst" else None
     for div in divs:
         pool_k, _, t, known = tree_pool(values, logs, m, div, ties, band)
-        cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div)
+        cost = cost_of_pool(values, logs, tail, pool_k, zeros, zeros, torch.zeros_like(known), div, value_error(s))
         if band is not None:
             # never above the exact-ties certificate: equal in exact arithmetic at an exact tie (the same
             # pool, summed in another order), it could exceed it by an ulp
             pool_e, _, _, known_e = tree_pool(values, logs, m, div, ties)
-            exact = cost_of_pool(values, logs, tail, pool_e, zeros, zeros, torch.zeros_like(known_e), div)
+            exact = cost_of_pool(values, logs, tail, pool_e, zeros, zeros, torch.zeros_like(known_e), div,
+                                 value_error(s))
             cost = torch.where(known_e, torch.minimum(cost, exact), cost)
         cost = round_down(cost, s, div)
         infeasible = t + m > s.vocab

@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+_U64 = 2.0**-53
 _SERIES_CUTOFF = 1e-2
 # Pooled costs are multiplied by 1 - ROUND_DOWN: their float64 evaluation is good to about 1e-15
 # relative (measured: at most 2.8e-16 above exact), so the result stays below the exact cost.
@@ -95,8 +96,13 @@ def _reverse_levels(vals: Tensor, logs: Tensor, pool: Tensor, count: Tensor,
     return vals / w, x_log, log_w + log_gw.unsqueeze(1), log_gw
 
 
+def _shrink(x: Tensor, by: Tensor) -> Tensor:
+    """``x`` moved towards 0 by ``by >= 0`` (0 where ``|x| <= by``)."""
+    return torch.sign(x) * (x.abs() - by).clamp(min=0)
+
+
 def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None, divergence: str,
-                weights: Tensor | None = None) -> Tensor:
+                weights: Tensor | None = None, value_err: Tensor | None = None) -> Tensor:
     """``min D(p, q)`` over ``q`` flat on the pool ``A = pool`` and proportional to ``p`` elsewhere.
 
     ``vals``, ``logs``: ``[N, C]`` float64 probabilities and their logs (any order of columns);
@@ -118,9 +124,21 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
       near ties; rounded down by ``ROUND_DOWN``), else ``C = -log(T_A + G_w)`` evaluated as
       ``-logaddexp(log T_A, log G_w)`` (rounded down by ``ROUND_DOWN`` as well); equal weights: ``G_w = |A| G_A``. A pooled zero makes
       ``G_w = 0`` and ``C = -log T_A`` (``+inf`` when ``T_A = 0`` too).
+
+    ``value_err`` (``[N, C]``, default none): the values are themselves rounded, each within a relative
+    ``value_err`` of the exact value times a factor common to the row (a float64 softmax: the
+    subtraction ``l - lse`` and ``exp``). At a near tie the deviations are then only known to within
+    about ``2 eps`` of the level (``eps`` the largest ``value_err`` of the pool), which is all of them at a gap of a few ulps. The cost is lowered
+    for every such perturbation: forward, ``1 + u_i`` moves by a factor within ``(1 +- eps) / (1 -+ eps)``,
+    so each ``u_i`` is moved towards 0 by ``e_i = 2.01 eps (1 + |u_i|)`` (plus ``2 U64`` of the
+    deviations' own rounding) before ``g``, which is convex with its minimum at 0, and ``L`` is taken
+    ``(1 - eps)`` lower; reverse, each ``d_i`` moves by at most ``2.01 eps`` (``h`` likewise convex,
+    minimum 0), ``G_w`` by ``eps``, and ``-log(T_A + G_w)`` by at most ``1.01 eps``.
     """
     zero = torch.zeros_like(vals)
     count = pool.sum(1).to(vals.dtype)
+    if value_err is not None:
+        value_err = torch.where(pool, value_err, zero).amax(1)
     if divergence == "forward":
         if weights is not None:
             raise ValueError("weighted pools are defined for the reverse cost only")
@@ -128,7 +146,13 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
         anchor = vals.gather(1, pool.to(torch.int8).argmax(1, keepdim=True))  # the first pooled value
         diff = torch.where(pool, vals - anchor, zero)
         dev = diff - (diff.sum(1) / count).unsqueeze(1)  # p_i - L
-        terms = one_plus_u_log1p_u_minus_u(dev / level.unsqueeze(1))
+        u = dev / level.unsqueeze(1)
+        if value_err is not None:  # the values' own rounding (docstring): u_i towards 0, L lower
+            eps = value_err.unsqueeze(1)
+            spread = torch.where(pool, u.abs(), zero).amax(1, keepdim=True)
+            u = _shrink(u, 2.01 * eps * (1 + u.abs()) + 2 * _U64 * (u.abs() + spread))
+            level = level * (1 - 1.01 * value_err)
+        terms = one_plus_u_log1p_u_minus_u(u)
         return level * torch.where(pool, terms, zero).sum(1) * (1 - ROUND_DOWN)
     x, x_log, log_level, log_gw = _reverse_levels(vals, logs, pool, count, weights)
     finite = torch.isfinite(log_gw)
@@ -144,10 +168,19 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     centre = rel.sum(1) / count if weights is None else torch.where(pool, weights * rel, zero).sum(1)
     d = torch.where(pool, rel - centre.unsqueeze(1), zero)
     big = d > 1
+    d_err = None
+    g_plain = g
+    if value_err is not None:  # the values' own rounding (docstring): d_i towards 0, G_w lower
+        spread = torch.where(pool, rel.abs(), zero).amax(1, keepdim=True)
+        d_err = 2.01 * value_err.unsqueeze(1) + 2 * _U64 * (d.abs() + spread)
+        d = torch.where(big, d, _shrink(d, d_err))
+        g = g * (1 - 1.01 * value_err.unsqueeze(1))
     # w_i G_w h(d_i): its series near 0, expm1(d) - d up to d = 1, and p_i - w_i G_w (1 + d_i)
     # beyond, where no cancellation is left and e^d could overflow.
     near = g * expm1_minus_x(torch.where(big, zero, d))
-    far = vals - g * (1 + d)
+    far = vals - g_plain * (1 + d)
+    if d_err is not None:  # h(d - e) >= h(d) (1 - 3 e) for d > 1 (h'/h <= 2.4 there), G_w within eps
+        far = far * (1 - 3 * d_err) * (1 - 1.01 * value_err.unsqueeze(1))
     excess = torch.where(pool, torch.where(big, far, near), zero).sum(1)
     small = -torch.log1p(-excess.clamp(max=1.0)) * (1 - ROUND_DOWN)
     if outside is None:
@@ -155,6 +188,8 @@ def pooled_cost(vals: Tensor, logs: Tensor, pool: Tensor, outside: Tensor | None
     # Rounded down too: this branch is good to a few 1e-16 relative (measured on dyadic rows: up
     # to 2.8e-16 above the exact value before rounding), far inside ROUND_DOWN.
     large = -torch.logaddexp(torch.log(outside), log_gw) * (1 - ROUND_DOWN)
+    if value_err is not None:
+        large = large - 1.01 * value_err
     return torch.where(finite & (excess < _LARGE_EXCESS), small, large)
 
 
@@ -187,9 +222,12 @@ def pool_levels(anchor_val: Tensor, anchor_log: Tensor, weight: Tensor, others_v
 
 
 def cost_of_pool(values: Tensor, logs: Tensor, tail: Tensor, pool_k: Tensor, y_val: Tensor, y_log: Tensor,
-                  extra: Tensor, divergence: str) -> Tensor:
+                  extra: Tensor, divergence: str, value_err: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """:func:`pooled_cost` of a pool given as a mask over a summary's ``K`` sorted values plus,
     where ``extra``, one token beyond them (probability ``y_val``, log ``y_log``, counted in ``tail``).
+
+    ``value_err = (a, b)`` (per row): each value is within a relative ``2^-53 (a |log p_i| + b)`` of
+    the exact one times a common factor (:func:`pooled_cost`'s ``value_err``; zeros are exact).
 
     ``T_A = sum of the values left out + (tail - the extra token)``: no ``1 - P_A``.
     """
@@ -201,6 +239,11 @@ def cost_of_pool(values: Tensor, logs: Tensor, tail: Tensor, pool_k: Tensor, y_v
         left = torch.where(pool_k, torch.zeros_like(values), values).sum(1)
         beyond = (tail - torch.where(extra, y_val, torch.zeros_like(y_val))).clamp(min=0)
         outside = left + beyond
-    return pooled_cost(vals, lg, pool, outside, divergence)
+    per_value = None
+    if value_err is not None:
+        a, b = value_err
+        mag = torch.where(torch.isfinite(lg), lg.abs(), torch.zeros_like(lg))
+        per_value = torch.where(vals > 0, _U64 * (a.unsqueeze(1) * mag + b.unsqueeze(1)), torch.zeros_like(vals))
+    return pooled_cost(vals, lg, pool, outside, divergence, value_err=per_value)
 
 

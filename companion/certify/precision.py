@@ -36,6 +36,23 @@ rounded to float32 adds ``u`` for the terms at that value. Summed over the tail,
 ``h`` being the least concave majorant of ``y log(y)^2`` on ``[0, 1]``. From probabilities the
 terms are the data themselves: only the clamp and the summation round.
 
+**Below the normal range.** The relative bound on ``exp`` holds only for results in the normal
+range. ``exp(d_i)`` falls below it about 87 nats below the top in float32 (``2^-126``; 708 in
+float64) and into 0 about 104 nats below (``2^-149``); there the result is a multiple of the
+smallest subnormal spacing ``s`` (``2^-149``; ``2^-1074`` in float64) and its error is absolute:
+at most :data:`EXP_ULPS` spacings (half of one measured, correctly rounded, on torch's CPU kernels),
+and below ``s / 2`` the term is 0 with an error below ``s``. The clamp's ``K``-th value rounded to
+float32 adds ``s / 2``. :func:`underflow_error` is that per-term bound, ``(EXP_ULPS + 1) s``, and the
+passes add it once per term of the vocabulary as a block (``V (EXP_ULPS + 1) s``, ``2e-40`` of
+the top term at ``V = 151,936``: no count of the terms concerned is needed, and the price on a row
+whose tail is not itself within a few orders of ``1e-40`` is nil). A product ``x_i d_i`` of such
+a term (the entropy's) is off by at most that times ``|d_i| <= log(1 / s) + 2``
+(:func:`underflow_xd_error`; for ``d_i`` beyond it ``|x_i d_i| = |d_i| e^{d_i}`` is smaller
+still). Sums of subnormals are exact (gradual underflow), so the summation bound is unchanged. A
+device that flushes subnormals to zero (``torch.set_flush_denormal(True)``; a kernel built with
+``-ftz``) loses each term below ``2^-126`` whole: :func:`underflow_error` asks the device (one
+scalar ``exp``) and returns ``(EXP_ULPS + 1) 2^-126`` there.
+
 **Kernel paths.** A model computes the same logits along several kernel paths (a one-token
 decode step, a ``k+1``-token verification forward, one forward over a whole prefix). In
 bfloat16 and float16 they differ by an ulp or two of the logits, and a greedy token whose top-2
@@ -63,6 +80,41 @@ EXP_ULPS = 2
 SIGNIFICAND_BITS: dict[str, int] = {"bfloat16": 7, "float16": 10, "float32": 23, "float64": 52}
 #: The kernel-path band, in units in the last place of the larger logit.
 TIE_ULPS = 4
+
+
+_FLUSHES: dict[str, bool] = {}
+
+
+def _flushes_subnormals(device: torch.device) -> bool:
+    """Whether float32 ``exp`` on ``device`` flushes results below the normal range to 0 (asked of
+    the CPU every time, since ``torch.set_flush_denormal`` may change; of other devices once)."""
+    key = str(device)
+    if device.type != "cpu" and key in _FLUSHES:
+        return _FLUSHES[key]
+    probe = torch.exp(torch.full((1,), -100.0, dtype=torch.float32, device=device))  # 3.7e-44, subnormal
+    flushes = bool(probe[0] == 0)
+    _FLUSHES[key] = flushes
+    return flushes
+
+
+def underflow_error(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """Absolute bound, per term, on the error of ``exp(d)`` computed in the working precision of
+    ``dtype`` rows beyond the relative bound (module docstring, *Below the normal range*):
+    ``(EXP_ULPS + 1) s`` with ``s`` the smallest subnormal (``2^-149`` float32, ``2^-1074``
+    float64), or ``(EXP_ULPS + 1) 2^-126`` on a device that flushes float32 subnormals to zero."""
+    device = torch.device(device)
+    if dtype == torch.float64:
+        return (EXP_ULPS + 1) * 2.0**-1074
+    if _flushes_subnormals(device):
+        return (EXP_ULPS + 1) * 2.0**-126
+    return (EXP_ULPS + 1) * 2.0**-149
+
+
+def underflow_xd_error(dtype: torch.dtype, device: torch.device | str = "cpu") -> float:
+    """The same for a product ``x d`` (``x = exp(d)``): :func:`underflow_error` times the largest
+    ``|d|`` at which ``x`` is not 0 (``log(1 / s) + 2``), plus ``s`` for the product's own rounding."""
+    spacing = 2.0**-1074 if dtype == torch.float64 else 2.0**-149
+    return underflow_error(dtype, device) * (-math.log(spacing) + 2) + spacing
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from companion.certify.precision import (EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma, logits_dtype_name,
-                                        tie_band_tensor, unit_roundoff, xlog2_bound, xlog_bound)
+                                        tie_band_tensor, underflow_error, underflow_xd_error, unit_roundoff,
+                                        xlog2_bound, xlog_bound)
 from companion.certify.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
 
 DEFAULT_TOP = 64
@@ -152,14 +153,16 @@ def summarize(
 
 
 def _split_error(u: float, chunk: float, from_logits: bool, clamped: Tensor, tail: Tensor, kth: Tensor,
-                 log_kth: Tensor, split: int, vocab: int) -> Tensor:
+                 log_kth: Tensor, split: int, vocab: int, under: float = 0.0) -> Tensor:
     """Bound on the error of one tail sum ``sum_i min(x_i, x(s)) - s x(s)`` as the pass computes it
     (raw units: ``x = p``, or ``x = exp(l - l(1))``), :mod:`companion.certify.precision`:
 
     * logits: each term within ``(2 EXP_ULPS + 1 + |d_i|) u x_i``; the ``s`` clamped top terms within
       ``(2 EXP_ULPS + 1 + |d(s)|) u x(s)``, the tail's ``sum x_i |d_i|`` at most ``T log(n / T)``;
     * probabilities: the clamp at ``x(s)`` rounded to the rows' precision, ``u`` of each clamped term;
-    * the chunked sum: ``chunk`` of ``sum |min(x_i, x(s))|``; the float64 subtraction ``2 U64 s x(s)``.
+    * the chunked sum: ``chunk`` of ``sum |min(x_i, x(s))|``; the float64 subtraction ``2 U64 s x(s)``;
+    * logits: ``under`` (:func:`~companion.certify.precision.underflow_error`) for each of the ``V``
+      terms, those below the normal range.
 
     ``clamped``: the computed ``sum_i min(x_i, x(s))`` (>= 0), ``tail``: the computed tail.
     """
@@ -168,7 +171,7 @@ def _split_error(u: float, chunk: float, from_logits: bool, clamped: Tensor, tai
     if from_logits:
         slack = tail.clamp(min=0) * (1 + 1e-3) + 1e-300  # the bound's T, above the computed one
         terms = (2 * EXP_ULPS + 1) * mag + split * kth * (-log_kth).clamp(min=0) + xlog_bound(slack, vocab - split)
-        err = err + u * terms
+        err = err + u * terms + vocab * under
     else:
         err = err + u * mag
     return err * (1 + 1e-6)
@@ -252,11 +255,16 @@ def summarize_partial(
         kths = [scaled[:, s - 1] for s in splits]
         wanted = torch.ones_like(m, dtype=torch.bool) if with_entropy else None
         sums = _row_tail_sums(flat, splits, kths, safe_m, wanted)
+        # exp below the normal range: an absolute error per term (precision module docstring)
+        under = underflow_error(flat.dtype, flat.device)
         for s_, kth in zip(splits, kths):
-            errs[s_] = _split_error(u, chunk, True, sums[s_] + s_ * kth, sums[s_], kth, d64[:, s_ - 1], s_, vocab)
+            errs[s_] = _split_error(u, chunk, True, sums[s_] + s_ * kth, sums[s_], kth, d64[:, s_ - 1], s_, vocab,
+                                    under)
         head = scaled[:, :k_norm].contiguous().sum(1)
-        # float64 head: each exp within (2 + |d|) U64, the sum gamma_K
-        head_err = (gamma(k_norm, U64) + 4 * U64) * head - U64 * (scaled[:, :k_norm] * d64[:, :k_norm]).sum(1)
+        # float64 head: each exp within (2 + |d|) U64 (and 3 * 2^-1074 below float64's normal range),
+        # the sum gamma_K
+        head_err = ((gamma(k_norm, U64) + 4 * U64) * head - U64 * (scaled[:, :k_norm] * d64[:, :k_norm]).sum(1)
+                    + k_norm * underflow_error(torch.float64))
         # the normaliser's sum and bound exist only where this pass summed the K_norm split
         split_known = k_norm in sums or k_norm >= vocab
         norm_sum = (head + sums[k_norm] if k_norm < vocab else head) if split_known else None
@@ -287,7 +295,9 @@ def summarize_partial(
                 n_t = vocab - k_norm
                 xd_err = xd_err + (u * ((2 * EXP_ULPS + 3) * xlog_bound(tail, n_t) + xlog2_bound(tail, n_t)
                                         + torch.where(kth > 0, k_norm * kth * dk * (2 * EXP_ULPS + 4 + dk), 0.0))
-                                   + chunk * xd_clamped.abs() + gamma(k_norm + 2, U64) * (kth32 * d_top).abs())
+                                   + chunk * xd_clamped.abs() + gamma(k_norm + 2, U64) * (kth32 * d_top).abs()
+                                   + vocab * underflow_xd_error(flat.dtype, flat.device)
+                                   + k_norm * under * d_top.abs())
             one = 1 + rest
             sums["entropy"] = torch.log1p(rest) - xd / one
             entropy_err = ((norm_err + xd_err) / one + xd.abs() * norm_err / one**2
@@ -476,9 +486,10 @@ def entropy_with_error(flat: Tensor, norm: Tensor, from_logits: bool,
         one = 1 + rest
         h = torch.log1p(rest) - xd / one
         slack = rest.clamp(min=0) * (1 + 1e-3) + 1e-300
-        rest_err = ((2 * EXP_ULPS + 1) * u * rest + u * xlog_bound(slack, vocab - 1) + chunk * rest) * (1 + 1e-6)
+        under = vocab * underflow_error(flat.dtype, flat.device)  # terms below the normal range
+        rest_err = ((2 * EXP_ULPS + 1) * u * rest + u * xlog_bound(slack, vocab - 1) + chunk * rest + under) * (1 + 1e-6)
         xd_err = (u * ((2 * EXP_ULPS + 3) * xlog_bound(slack, vocab - 1) + xlog2_bound(slack, vocab - 1))
-                  + chunk * xd.abs()) * (1 + 1e-6)
+                  + chunk * xd.abs() + vocab * underflow_xd_error(flat.dtype, flat.device)) * (1 + 1e-6)
         err = (rest_err + xd_err) / one + xd.abs() * rest_err / one**2 + 8 * U64 * (h.abs() + 1)
         return h, err * (1 + 1e-6)
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
