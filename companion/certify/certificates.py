@@ -19,7 +19,7 @@ as every decoder's ``p_y >= tau`` accepts it, so the certificates are exact ther
 drafter's ties are broken against us (every maximiser of ``q`` must be accepted). At an exact
 rank tie the certificate is the limit of the untied one from the unfavourable side; off such
 ties nothing changes.
-The rule as written, which accepts every maximiser of ``p`` (``ties="level-set"``), overstates
+The threshold rule read as a level set, which accepts every maximiser of ``p`` (``ties="level-set"``), overstates
 what decoders do and stays available for analysis only::
 
     p = [0.4, 0.4, 0.2], q = [0.39, 0.41, 0.2]: KL(p || q) = 0.0003

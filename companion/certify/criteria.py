@@ -25,7 +25,7 @@ level set of ``p`` (top-2 or strict greedy, chosen per row by the ratio).
 
 Ties. Real decoders break exact ties by token id: transformers' assisted generation, vLLM and
 TensorRT-LLM take the target's token with ``argmax`` (first index wins) and accept a greedy draft
-only if it equals that token; top-m takes an id-based ``topk``. The rule as written (the
+only if it equals that token; top-m takes an id-based ``topk``. The threshold rule read as a level set (the
 *level-set* convention, ``ties="level-set"``) accepts every maximiser of ``p`` instead, and so
 promises too much at an exact tie::
 
@@ -160,7 +160,7 @@ def index_rank(x: Tensor, token: Tensor) -> Tensor:
 class Criterion(ABC):
     """An acceptance rule ``accept y iff p_y >= tau(p)`` (``>`` when ``strict``).
 
-    Two tie conventions (module docstring): ``ties="level-set"`` is the rule as written, the
+    Two tie conventions (module docstring): ``ties="level-set"`` is the threshold rule read as a level set, the
     default of the tensor-level methods below (what the rule does with exact numbers);
     ``ties="worst"`` is the worst case over tie-breaks, ``accept y iff p_y > tau_worst(p)``,
     the default of every certificate. :meth:`decoder_accepts` is what real decoders do

@@ -7,11 +7,11 @@ starts, and takes the minimum over ``y``. Thresholds are recomputed here in NumP
 criterion's parameters, again independently of the engine. Cost grows like ``V`` solves of a
 ``V``-dimensional problem: keep ``V`` small (<= 10).
 
-Ties. ``ties="level-set"`` is the rule as written (:func:`rejected_tokens`' default, as the
+Ties. ``ties="level-set"`` is the threshold rule read as a level set (:func:`rejected_tokens`' default, as the
 criteria's own ``rejection_mask``); ``ties="worst"`` (the default of
 :func:`brute_force_certificate`, as of the engine's certificates) is the worst case over
 tie-breaks, found without the engine's ``tau_worst`` formulas: a token is worst-case rejected
-when the rule as written rejects it, or when its rank condition (strict greedy: the top place;
+when the threshold rule read as a level set rejects it, or when its rank condition (strict greedy: the top place;
 ``topm:M`` and ``topk-delta:K,D``: the top ``M`` or ``K``) fails under the perturbation of ``p``
 most unfavourable to it (:func:`perturbed_against`: ``p_y`` lowered and every other probability
 raised by a relative ``1e-9``, far below every gap that is not an exact tie, which breaks every
