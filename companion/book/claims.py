@@ -59,6 +59,7 @@ class Failed:
     numbers: dict[str, Any]
 
     def message(self) -> str:
+        """One line: the claim's name and statement, and the numbers it rests on."""
         shown = ", ".join(f"{k} = {_value(v)}" for k, v in self.numbers.items())
         return f"claim {self.name!r} does not hold for this run: {self.statement}" + (f" ({shown})" if shown else "")
 

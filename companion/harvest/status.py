@@ -24,7 +24,7 @@ def harvest_status(out: str | os.PathLike[str]) -> dict[str, Any]:
     ``prompt_set``, ``preset`` and ``locks`` (``[{"file", "host", "pid", "since", "untouched_s"}]``:
     ``untouched_s`` is the seconds since the file's last heartbeat by this machine's clock).
     Raises ``FileNotFoundError`` without a manifest and ``ValueError`` for a damaged one
-    (:func:`companion.harvest.store.read_manifest`).
+    (``companion.harvest.read_manifest``).
     """
     folder = Path(out)
     manifest = store.read_manifest(folder)
