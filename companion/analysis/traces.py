@@ -8,8 +8,7 @@ and ``q_t`` are the target's and the drafter's next-token distributions at step 
 are plain numpy on the trace columns (plus :mod:`companion.certify.runs` for run lengths and the
 certificate engine for tree certificates of widths the harvest did not store).
 
-Definitions used by the chapters
---------------------------------
+**Definitions used by the chapters.**
 
 *Summary statistics* (:func:`summarize_values`). For a column ``x_1..x_N``: the mean over the
 steps where ``x`` is finite (a certificate is ``+inf`` when the criterion rejects nothing, e.g.

@@ -1,5 +1,5 @@
-"""The calibrated cost rule (``certificate``, ``top1``, ``margin``)
-------------------------------------------------------------------
+"""The calibrated cost rule (``certificate``, ``top1``, ``margin``).
+
 Costs are in units of one single-token target forward. A round that calls the drafter ``i``
 times and submits ``k <= i`` drafts to one verification forward costs ``C = V(k) + c * i``, where
 ``c`` is the drafter/target forward-time ratio and ``V(k)`` the cost of a target forward over
