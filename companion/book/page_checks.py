@@ -2,7 +2,7 @@
 
 * :func:`raw_math` -- ``$...$`` left as text (MathJax typesets only what MyST turned into a math
   node: math inside a glued string or a generated Markdown value is shown raw).
-* :func:`non_changes` -- "from 0.5011 to 0.5011": a sentence that states a change between two
+* :func:`non_changes` -- ``from 0.5011 to 0.5011``: a sentence that states a change between two
   equal numbers.
 * :func:`misplaced_tables` -- a numbered table that sits in another section than the text that
   refers to it (a notebook's output cell placed above the heading of the section it belongs to).
