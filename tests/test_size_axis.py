@@ -164,3 +164,18 @@ def test_the_size_figures_read_on_a_phone(family: str) -> None:
     boxes = [extent(t, fig) for t in named]
     clash = [(named[i].get_text(), named[j].get_text()) for i, j in overlapping(boxes, pad=1.0)]
     assert not clash, f"{family}: texts overlap: {clash}"
+
+
+def test_card_parameters_counts_the_qwen_head_once_when_the_folder_is_here_and_trusts_the_manifest_elsewhere(tmp_path):
+    """The status page and the decode-time chapters describe a model by card_parameters: its folder's count
+    when the folder is on this machine, else the manifest's own number."""
+    import json
+
+    from companion.models.sizes import card_parameters
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 10, "hidden_size": 4, "tie_word_embeddings": True}))
+    assert card_parameters({"name": str(folder), "parameters": 77}) == 77      # no weights: the count given
+    assert card_parameters({"name": str(tmp_path / "elsewhere"), "parameters": 1234}) == 1234
+    assert card_parameters({"parameters": 5}) == 5

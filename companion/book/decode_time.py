@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from companion.harvest.lock import exclusive
+from companion.models.sizes import card_parameters
 from companion.speculative.costs import CostModel
 
 #: Bump when what :func:`decode_time_data` stores changes, so that older caches are not read.
@@ -270,6 +271,8 @@ def pair_words(manifest: dict[str, Any], preset: str, drafter: Any) -> str:
     conv_t = config["target"].get("converted_from") or {}
     conv_d = config["drafter"].get("converted_from") or {}
     if conv_t.get("display_name") and conv_d.get("display_name"):
+        # as the model cards count them (Qwen's GGUF stores the tied head a second time)
+        target_m, drafter_m = card_parameters(config["target"]) / 1e6, card_parameters(config["drafter"]) / 1e6
         return (f"{conv_t['display_name']} with {conv_d['display_name']} as its drafter ({conv_t['quantization']} "
                 f"GGUF files, {config['dtype']}; {target_m / 1e3:.2f}B and {drafter_m:.0f}M parameters)")
     return f"the `{preset}` pair ({target_m:.0f}M-parameter target, {drafter_m:.0f}M drafter)"

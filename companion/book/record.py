@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from companion.book.tables import table_directive
+from companion.models.sizes import card_parameters
 
 RECORD_SCHEMA = 1
 
@@ -151,21 +152,6 @@ def weights_id(ident: dict[str, Any] | None, digits: int = 16) -> str | None:
     return None
 
 
-def _card_parameters(ident: dict[str, Any]) -> int:
-    """A harvested model's parameters counted as its card counts them (:func:`companion.models.sizes.parameter_count`:
-    a head that repeats the embedding once) when its folder is on this machine, else the manifest's count."""
-    n = int(ident.get("parameters", 0) or 0)
-    folder = Path(str(ident.get("name") or ""))
-    if ident.get("name") and (folder / "config.json").is_file():
-        from companion.models.sizes import parameter_count
-
-        try:
-            return parameter_count(folder, n or None).total
-        except (OSError, ValueError, KeyError):
-            return n
-    return n
-
-
 def describe_harvest(manifest: dict[str, Any], *, weights: bool = False) -> str:
     """One Markdown line describing a harvest from its manifest alone: what a chapter analysed.
 
@@ -182,7 +168,7 @@ def describe_harvest(manifest: dict[str, Any], *, weights: bool = False) -> str:
     def model(ident: dict[str, Any] | None) -> str:
         if not ident:
             return "none"
-        n = _card_parameters(ident)
+        n = card_parameters(ident)
         size = f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
         digest = weights_id(ident) if weights else None
         tail = f"; {digest}" if digest else ""

@@ -98,3 +98,17 @@ def parameter_count(model_dir: str | Path, parameters: int | None = None) -> Par
 def non_embedding_parameters(model_dir: str | Path, parameters: int | None = None) -> int:
     """:attr:`ParameterCount.non_embedding` of :func:`parameter_count` (the size axis's count)."""
     return parameter_count(model_dir, parameters).non_embedding
+
+
+def card_parameters(ident: dict) -> int:
+    """A harvested model's parameters as its card counts them, from its manifest entry (``name``: its folder,
+    ``parameters``: the stored weights): :func:`parameter_count` when the folder is on this machine (a head
+    that repeats the embedding counted once), else the manifest's count."""
+    n = int(ident.get("parameters", 0) or 0)
+    folder = Path(str(ident.get("name") or ""))
+    if ident.get("name") and (folder / "config.json").is_file():
+        try:
+            return parameter_count(folder, n or None).total
+        except (OSError, ValueError, KeyError):
+            return n
+    return n
