@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from companion.book.checks import check_all, check_le
+from companion.checks import check_all, check_le
 from companion.certify.certificates import certificates
 from companion.certify.criteria import parse_criterion
 from companion.certify.targets import random_targets

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from companion.book.checks import check_le
+from companion.checks import check_le
 from companion.certify.certificates import certificates
 from companion.certify.summary import summarize
 

@@ -190,14 +190,14 @@ def decode_time(preset: str, *, device: str, seed: int, n_eval_prompts: int, n_c
     """The shared harvest (:func:`companion.book.harvest_cache.chapter_traces`) and the recordings of
     :class:`DecodeTimeData`, made once per configuration (:func:`cached`). ``load_models``: load the pair
     even when the recordings come from the cache (chapter 10 decodes live; chapter 11 does not)."""
-    from companion import analysis as A
+    import companion.analysis as A
     from companion.book.harvest_cache import chapter_traces
     from companion.certify.precision import tie_band
     from companion.harvest import load_traces
     from companion.harvest.plan import load_planned, plan_harvest
     from companion.models.devices import resolve_device, usable_cores
     from companion.speculative import grid_builtins, measure_costs, parse_policy
-    from companion import PAPER_CRITERIA
+    from companion.certify.criteria import PAPER_CRITERIA
 
     if isinstance(record_new_tokens, bool) or not isinstance(record_new_tokens, int) or record_new_tokens < 1:
         raise ValueError(f"record_new_tokens must be a positive integer, got {record_new_tokens!r}")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from companion import kl_divergence
+from companion.certify.certificates import kl_divergence
 from companion.certify.criteria import parse_criterion
 from companion.drafter.certificates import drafter_certificate, drafter_path_certificate, drafter_soundness
 from companion.speculative.parting import tie_rows

@@ -17,7 +17,7 @@ import sympy as sp
 import torch
 from scipy.optimize import brentq
 
-from companion.book.checks import check_identical
+from companion.checks import check_identical
 from companion.certify.bounds import margin_only_bound
 from companion.symbolic import certificates as S
 

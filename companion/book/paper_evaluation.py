@@ -70,7 +70,7 @@ def check_theory(traces: Traces, criteria: Sequence[str], floor: float) -> None:
     each relaxed certificate is at least strict greedy's, the additive floor holds where the
     additive criterion rejects something, it rejects nothing where ``p(1) <= 0.3``, the width-1 tree
     is strict greedy, and no tree certificate exceeds its ceiling ``log(m + 1)``."""
-    from companion.book.checks import check_all, check_close, check_le
+    from companion.checks import check_all, check_close, check_le
 
     greedy = traces.cert("greedy")
     for c in criteria:
