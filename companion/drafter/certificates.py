@@ -82,7 +82,7 @@ from companion.certify.criteria import (
     parse_criterion,
 )
 from companion.drafter.rows import Rows as _Rows
-from companion.drafter.rows import round_down
+from companion.drafter.rows import lower_by_log_error, round_down
 from companion.drafter.rows import rows as _rows
 from companion.drafter.typical import typical_cost, typical_witness
 from companion.certify.pooling import pooled_cost, reverse_tilt
@@ -291,7 +291,9 @@ def drafter_certificates(
     r = _rows(q, from_logits, k)
     out: dict[str, Tensor] = {}
     for c in crits:
-        out[str(c)] = round_down(_cost(r, c), r).reshape(r.lead_shape)
+        # typical's cost is a branch and bound over KL, not a tilted normaliser: lowered by its own bound
+        lower = lower_by_log_error if isinstance(c, Typical) else round_down
+        out[str(c)] = lower(_cost(r, c), r).reshape(r.lead_shape)
     for m in widths:
         out[f"tree:{m}"] = round_down(_tree(r, m).cost, r).reshape(r.lead_shape)
     return out

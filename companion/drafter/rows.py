@@ -105,3 +105,23 @@ def round_down(cost: Tensor, r: Rows) -> Tensor:
     if r.log_err is None:
         return cost
     return lower_log_normaliser(cost, r.log_err, r.beyond_err, r.mismatch)
+
+
+def lower_by_log_error(cost: Tensor, r: Rows) -> Tensor:
+    """A drafter-side certificate that reads ``q`` through the logs of its values, lowered to at most the exact one.
+
+    Typical acceptance's branch and bound (:mod:`companion.drafter.typical`) minimises
+    ``sum_i p_i log(p_i / q^_i)`` over the rejected targets ``p``, where ``q^`` is the row as worked:
+    ``log q^_i`` is within ``eta`` of ``log q_i`` for every token (``eta = log_err``: the draft's value and
+    the runner-up's, which scales the other tokens' exact ratios, are each within ``e^log_err``), and
+    ``q^`` need not sum to 1. For any distribution ``p``,
+    ``|KL(p || q) - sum_i p_i log(p_i / q^_i)| = |sum_i p_i log(q^_i / q_i)| <= eta``, so the infimum
+    over the rejected targets moves by at most ``eta``: the certificate is lowered by ``eta`` (plus
+    float64 rounding), not by a relative factor (its cost is not of the ``-log Z`` kind
+    :func:`round_down` assumes). Unchanged for float64 rows and ``+inf``; never below 0.
+    """
+    if r.log_err is None:
+        return cost
+    finite = torch.isfinite(cost)
+    eta = r.log_err.to(cost.dtype) * (1 + 1e-6) + 1e-12 * (1 + torch.where(finite, cost.abs(), 0.0))
+    return torch.where(finite, (cost - eta).clamp(min=0.0), cost)
