@@ -256,23 +256,29 @@ def decode_time(preset: str, *, device: str, seed: int, n_eval_prompts: int, n_c
     return DecodeTime(harvest, traces, answers, data, loaded() if load_models else None)
 
 
-def pair_words(manifest: dict[str, Any], preset: str, drafter: Any) -> str:
-    """The pair in words, from the harvest's manifest: its models, weights, dtype and sizes (a drafter that
-    shares the target's embedding, SmolLM2's, is described by the parameters it adds)."""
+def pair_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pair's names and sizes from the harvest's manifest, for a page to glue one by one: ``target`` and
+    ``drafter`` (the model cards' names where the weights were converted, else the models' ids), ``dtype``, and
+    ``target_parameters`` and ``drafter_parameters`` (as the model cards count them where known:
+    :func:`companion.models.sizes.card_parameters`)."""
     config = manifest["config"]
-    target_m = config["target"]["parameters"] / 1e6
-    drafter_m = config["drafter"]["parameters"] / 1e6
-    shared = drafter.get_input_embeddings().weight.numel() if hasattr(drafter, "own_parameters") else 0
-    if preset == "smollm2":
-        return (f"SmolLM2-135M-Instruct and its distilled drafter ({(drafter_m * 1e6 - shared) / 1e6:.1f}M parameters "
-                f"of its own, besides the target's {shared / 1e6:.1f}M-parameter embedding, which it shares)")
-    if preset == "closed-world":
-        return f"the closed-world pair (a {target_m:.1f}M-parameter target and its {drafter_m:.1f}M drafter)"
-    conv_t = config["target"].get("converted_from") or {}
-    conv_d = config["drafter"].get("converted_from") or {}
-    if conv_t.get("display_name") and conv_d.get("display_name"):
-        # as the model cards count them (Qwen's GGUF stores the tied head a second time)
-        target_m, drafter_m = card_parameters(config["target"]) / 1e6, card_parameters(config["drafter"]) / 1e6
-        return (f"{conv_t['display_name']} with {conv_d['display_name']} as its drafter ({conv_t['quantization']} "
-                f"GGUF files, {config['dtype']}; {target_m / 1e3:.2f}B and {drafter_m:.0f}M parameters)")
-    return f"the `{preset}` pair ({target_m:.0f}M-parameter target, {drafter_m:.0f}M drafter)"
+    out: dict[str, Any] = {"dtype": config["dtype"]}
+    for role in ("target", "drafter"):
+        model = config[role]
+        converted = model.get("converted_from") or {}
+        name = str(converted.get("display_name") or model["name"])
+        # a model read from a folder (the closed-world pair) is named by its last two folders, not its path
+        out[role] = "/".join(Path(name).parts[-2:]) if Path(name).is_absolute() else name
+        out[f"{role}_parameters"] = card_parameters(model) if converted.get("display_name") else model["parameters"]
+    return out
+
+
+def answer_ranks(traces: Any, n_prompts: int) -> list[list[int]]:
+    """Per answer, in step order, the rank of the target's greedy token in the drafter's distribution read on the
+    same prefix (``token_rank_in_draft``: 1 when it is the drafter's own greedy token, ties to the lowest id)."""
+    prompt_index, step_no, rank = (traces.column(c) for c in ("prompt_index", "step", "token_rank_in_draft"))
+    out = []
+    for i in range(n_prompts):
+        rows = np.flatnonzero(prompt_index == i)
+        out.append([int(r) for r in rank[rows[np.argsort(step_no[rows])]]])
+    return out

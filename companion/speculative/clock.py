@@ -8,9 +8,12 @@ Two files per preset in ``companion/assets/measured_costs/`` (written by the scr
 * ``<preset>_wallclock.json``: ``benchmarks/bench_wallclock.py``, tokens per second of plain
   greedy decoding, ``transformers``' assisted generation (its default schedule and the built-in
   chosen on calibration prompts) and this package's decoder under the certificate rule, timed side
-  by side, with ratios over pairs of runs timed back to back.
+  by side, with ratios over pairs of runs timed back to back;
+* ``<preset>_trees.json``: ``benchmarks/bench_trees.py``, the tree cost model (``V(N)``, ``D(w)``), every
+  candidate tree shape's modelled speed-up on calibration prompts, and the clock of plain decoding,
+  ``transformers``' assisted generation, our chain decoder and the best tree shape of each family.
 
-:func:`committed_costs` and :func:`committed_wallclock` read them (``None`` when the preset has
+:func:`committed_costs`, :func:`committed_wallclock` and :func:`committed_trees` read them (``None`` when the preset has
 none); :func:`paired_ratio` is the ratio the benchmark reports, recomputed from its runs;
 :func:`speedups` every ratio a page quotes, and :func:`model_check` how far the cost model's
 predicted speed-ups are from the measured ones (the verdicts as data: ratio, interval, outcome).
@@ -60,6 +63,17 @@ def committed_wallclock(preset: str, folder: Path | None = None) -> dict[str, An
         missing = [k for k in ("runs", "modes", "ratios", "tokens_per_s", "modelled_cost") if k not in record]
         if missing:
             raise ValueError(f"the wall-clock record of {preset!r} lacks {', '.join(missing)}")
+    return record
+
+
+def committed_trees(preset: str, folder: Path | None = None) -> dict[str, Any] | None:
+    """The preset's committed tree benchmark record (``benchmarks/bench_trees.py --out``), or ``None``."""
+    record = _read((folder or MEASURED_DIR) / f"{preset}_trees.json")
+    if record is not None:
+        missing = [k for k in ("runs", "modes", "tree_cost_model", "tree_costs", "clocked_trees", "best_tree",
+                               "calibration_modelled_tree", "modelled_speedup", "best_builtin") if k not in record]
+        if missing:
+            raise ValueError(f"the tree benchmark record of {preset!r} lacks {', '.join(missing)}")
     return record
 
 
