@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from companion.speculative.tree import generate_tree
 from companion.speculative.tree.costs import TreeCostModel
 from companion.speculative.tree.model import empirical_prefix_law, expected_accepted_joint, full_tree
-from companion.speculative.tree.replay import record_tree_text, replay_tree
+from companion.speculative.tree.replay import RecordedTreeText, record_tree_text, replay_ranks, replay_tree
 from tests.pair_prompts import code_prompts
 
 N_NEW = 16
@@ -94,3 +96,16 @@ def test_what_a_replay_needs_is_named(recorded):
         replay_tree(recs[0], "spine:2,2,2,2,2,2")   # deeper than the recorded chains
     with pytest.raises(ValueError, match="the recording kept 4"):
         replay_tree(recs[0], "static:5")
+
+
+@given(st.lists(st.sampled_from([1, 1, 1, 2, 3, 5]), min_size=1, max_size=40),
+       st.sampled_from([(2, 2, 1), (1, 1, 1), (3, 2, 1, 1), (2,), (4, 1)]))
+def test_replay_from_ranks_alone_is_the_static_replay(ranks: list[int], widths: tuple[int, ...]) -> None:
+    """A fixed tree replayed from the ranks alone (no tokens, no recording) gives the rounds, nodes and drafter
+    forwards the recording's replay gives."""
+    n, w = len(ranks), 4
+    rec = RecordedTreeText(tokens=tuple(range(n)), ranks=tuple(min(r, w + 1) for r in ranks), width=w,
+                           max_new_tokens=n)
+    a = replay_tree(rec, "static:" + ",".join(map(str, widths)))
+    b = replay_ranks(ranks, full_tree(widths))
+    assert (a.accepted, a.nodes, a.widths) == (b.accepted, b.nodes, b.widths)

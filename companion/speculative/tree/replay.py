@@ -302,3 +302,45 @@ def _chain_round(pol: TreePolicy, rec: RecordedTreeText, s: int, cap: int,
         ranks.append(rec.ranks[s + k] if s + k < len(rec.ranks) else rec.width + 1)
     pol.end_round(TreeOutcome(tree=vtree, path=tuple(path), path_ranks=tuple(ranks), drafter_forwards=len(w)))
     return vtree, fed_new, tuple(w)
+
+
+def replay_ranks(ranks: Sequence[int], paths: Iterable[Sequence[int]], name: str = "") -> TreeReplay:
+    """A fixed tree of rank paths (:mod:`companion.speculative.tree.model`) replayed along one text from its
+    teacher-forced drafter ranks alone (``ranks[t]``: the rank of text token ``t``; any rank the tree lacks ends a
+    path): every round at ``s`` accepts ``max { d : (R_s, .., R_{s+d-1}) in T }`` (no node deeper than the text's
+    end), emits that plus one token, and is priced with its drafter forwards as :func:`replay_tree` prices them
+    (the nodes that have children are fed, depth by depth; the tokens of the kept path the drafter was not fed
+    are its next round's first forward)."""
+    from companion.speculative.tree.model import check_rank_paths
+
+    tree = check_rank_paths(paths)
+    members = set(tree)
+    parents = {p[:-1] for p in tree if len(p) > 1}
+    acc: list[int] = []
+    nodes: list[int] = []
+    widths: list[tuple[int, ...]] = []
+    n, s, lag = len(ranks), 0, 1
+    while s < n:
+        cap = n - s - 1
+        if cap <= 0:   # the text's last token: nothing left to draft, the target emits it
+            acc.append(0)
+            nodes.append(0)
+            widths.append(())
+            lag += 1
+            s += 1
+            continue
+        kept = [p for p in tree if len(p) <= cap]
+        a = 0
+        while a < cap and tuple(ranks[s:s + a + 1]) in members:
+            a += 1
+        fed_depths = sorted({len(p) for p in parents if len(p) < cap})
+        w = (lag,) + tuple(sum(1 for p in parents if len(p) == d) for d in fed_depths)
+        b = 0
+        while b < a and tuple(ranks[s:s + b + 1]) in parents and b + 1 < cap:
+            b += 1
+        acc.append(a)
+        nodes.append(len(kept))
+        widths.append(w)
+        lag = a + 1 - b
+        s += a + 1
+    return TreeReplay(name or f"{len(tree)} nodes", tuple(acc), tuple(nodes), tuple(widths))
