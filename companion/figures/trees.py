@@ -70,7 +70,9 @@ def draft_trees(panels: Sequence[tuple[str, DraftTree, Sequence[int]]], label: C
         raise ValueError("draft_trees needs at least one (policy, tree, kept nodes) panel")
     tallest = max(max(_leaves(t), 1) for _, t, _ in panels)
     fig = new_figure(height=max(1.6, ROW_HEIGHT * tallest + 0.7))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    # each panel as wide as its tree is deep (a label needs about one depth step of room)
+    depths = [max((d for d in t.depths), default=1) + 1.6 for _, t, _ in panels]
+    axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": depths})[0]
     for ax, (policy, tree, kept) in zip(axes, panels):
         kept_set = set(kept)
         pos = tree_layout(tree)
@@ -88,7 +90,7 @@ def draft_trees(panels: Sequence[tuple[str, DraftTree, Sequence[int]]], label: C
             ax.annotate(label(tree.tokens[i]), (x, yv), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=LEGEND_SIZE, color="black" if kept_here else "#555555")
         ax.set_title(f"{policy}\n{len(tree)} nodes, {len(kept_set)} kept", fontsize=TITLE_SIZE)
-        ax.set_xlim(-0.3, max((p[0] for p in pos), default=1) + 1.2)
+        ax.set_xlim(-0.3, max((p[0] for p in pos), default=1) + 1.3)
         ax.invert_yaxis()
         ax.set_yticks([])
         ax.set_xticks(range(0, int(max((p[0] for p in pos), default=1)) + 1))

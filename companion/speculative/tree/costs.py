@@ -112,6 +112,17 @@ class TreeCostSamples:
         r = [a / b for a, b in zip(num, self.one_s)]
         return min(r), statistics.median(r), max(r)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TreeCostSamples:
+        """The samples :meth:`to_json` wrote (a committed benchmark record's ``tree_costs``)."""
+        try:
+            return cls(one_s=tuple(float(x) for x in data["one_s"]),
+                       tree_s={int(k): tuple(float(x) for x in v) for k, v in data["tree_s"].items()},
+                       draft_s={int(k): tuple(float(x) for x in v) for k, v in data["draft_s"].items()},
+                       context=int(data["context"]), threads=int(data.get("threads", 0)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"not a tree cost measurement (one_s, tree_s, draft_s, context): {err!r}") from None
+
     def to_json(self) -> dict[str, Any]:
         return {"context": self.context, "threads": self.threads, "one_s": list(self.one_s),
                 "tree_s": {str(k): list(v) for k, v in sorted(self.tree_s.items())},
