@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from companion.speculative.survival import pava
+from companion.speculative.tree.scores import tree_scores
 from companion.speculative.tree.shape import DraftTree
 
 
@@ -247,7 +248,8 @@ class Certified(TreePolicy):
 
     At a spine node with drafter distribution ``q`` the certificate ``rho_m(q)`` (:mod:`companion.drafter`,
     ``tree:m``) is the least ``KL(p || q)`` of a target whose greedy token lies outside ``q``'s top ``m``; its score
-    ``u_m = 1 - exp(-rho_m)`` is calibrated online into ``s_m``, the probability that the target's token is within
+    ``u_m = 1 - exp(-rho_m)`` (:func:`~companion.speculative.tree.scores.tree_scores`) is calibrated online
+    into ``s_m``, the probability that the target's token is within
     the top ``m`` (binned over every verified spine node and width, non-decreasing in ``u``, then in ``m``).
     With ``S`` the probability that the spine survives to the node (the product of the ``s_1`` above it), the
     ``m``-th child adds ``S (s_m - s_{m-1})`` expected accepted tokens and one verified node; it is added while that
@@ -328,11 +330,7 @@ class Certified(TreePolicy):
         self._n = 0
 
     def _scores(self, row: Tensor) -> np.ndarray:
-        from companion.drafter.certificates import drafter_certificates
-
-        widths = range(1, min(self.wmax, row.shape[-1] - 1) + 1)
-        rho = drafter_certificates(row.double(), (), tree_widths=widths, from_logits=True)
-        return np.array([-math.expm1(-float(rho[f"tree:{m}"])) for m in widths])
+        return tree_scores(row, self.wmax)
 
     def grow(self, tree: DraftTree, depth: int, expanded: Sequence[Expansion]) -> list[tuple[int, int]]:
         if not expanded or depth >= self.dmax or self._n >= self.nmax:

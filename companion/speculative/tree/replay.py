@@ -48,6 +48,7 @@ from companion.speculative.tree.policies import (
     TreePolicy,
     parse_tree_policy,
 )
+from companion.speculative.tree.scores import tree_scores
 from companion.speculative.tree.shape import DraftTree
 
 
@@ -98,17 +99,9 @@ class TreeReplay:
         return sum(self.accepted) / len(self.accepted) if self.accepted else math.nan
 
 
-def _scores(rows: Tensor, width: int) -> np.ndarray:
-    from companion.drafter.certificates import drafter_certificates
-
-    widths = range(1, min(width, rows.shape[-1] - 1) + 1)
-    rho = drafter_certificates(rows.double(), (), tree_widths=widths, from_logits=True)
-    return -np.expm1(-np.stack([rho[f"tree:{m}"].cpu().numpy() for m in widths], axis=-1))
-
-
 def _nodes(rows: Tensor, width: int) -> tuple[ChainNode, ...]:
     probs, ids = _top(rows, width)
-    scores = _scores(rows, width)
+    scores = tree_scores(rows, width)
     return tuple(ChainNode(tuple(int(i) for i in ids[k]), tuple(float(p) for p in probs[k]),
                            tuple(float(u) for u in scores[k])) for k in range(len(rows)))
 
