@@ -18,6 +18,7 @@ from companion.speculative.costs import CostSamples
 from tests.conftest import ROOT
 
 CH10, CH11 = ROOT / "notebooks" / "10_decode_time.ipynb", ROOT / "notebooks" / "11_on_the_clock.ipynb"
+CH13 = ROOT / "notebooks" / "13_draft_trees.ipynb"
 
 
 def _cells(path: Path) -> list[dict]:
@@ -100,7 +101,7 @@ def test_every_table_sits_under_its_own_sections_heading(path: Path) -> None:
         assert seen[label] is not None and seen[label].startswith(section), (label, seen[label])
 
 
-@pytest.mark.parametrize("path", [CH10, CH11], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [CH10, CH11, CH13], ids=lambda p: p.stem)
 def test_cells_are_short_and_prose_is_written_by_hand(path: Path) -> None:
     cells = _cells(path)[1:]   # the shared install cell is every chapter's
     for cell in cells:
