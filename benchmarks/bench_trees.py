@@ -2,7 +2,7 @@
 
     python benchmarks/bench_trees.py [--preset qwen2.5-coder] [--threads 2] [--prompts 8] [--tokens 128]
         [--repeats 2] [--calib-prompts 3] [--trees "spine:3,3,3;static:2,2,2;dynamic:16,6,4;certified;..."]
-        [--sizes 1,2,4,8,16,32] [--widths 1,2,4,8,16] [--cost-repeats 10] [--out FILE]
+        [--sizes 1,2,4,8,16,32] [--widths 1,2,4,8,16] [--cost-repeats 10] [--costs-only] [--out FILE]
 
 Batch 1, the preset's dtype, on the CPU with ``--threads`` torch threads; prompts as in
 ``benchmarks/bench_wallclock.py`` (the first ``--prompts`` of the book's plan are held out, the
@@ -18,7 +18,7 @@ Batch 1, the preset's dtype, on the CPU with ``--threads`` torch threads; prompt
    replayed from recorded ranks (:mod:`companion.speculative.tree.replay`; the certified tree warmed through its
    replays) and priced by the tree cost model; the best tree policy is the one of highest modelled speed-up, and
    the best static tree of each node budget knowing the calibration ranks (:func:`~companion.speculative.tree.model.best_tree`)
-   is printed as the bound on fixed shapes. ``--trees`` are candidates: only the best of each family (static, spine,
+   is printed as the bound on fixed shapes. (``--costs-only`` stops after step 1 and writes the cost model alone.) ``--trees`` are candidates: only the best of each family (static, spine,
    dynamic, certified) by modelled speed-up on the calibration prompts goes on the clock.
 3. *Clock*: on every held-out prompt, ``--repeats`` times, in an order rotated per prompt and repeat: ``plain``
    (``target.generate``), ``hf default`` and ``hf best`` (assisted generation), ``chain certificate`` (our chain
@@ -39,6 +39,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HF_DEFAULT = "confidence:0.4"
 DEFAULT_TREES = ("static:2,2,2;static:2,2,1;static:3,2,1;static:2,2,2,1;"
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--cost-repeats", type=int, default=10)
     ap.add_argument("--no-hf", action="store_true", help="leave out transformers' assisted generation")
+    ap.add_argument("--costs-only", action="store_true",
+                    help="measure the tree cost model (step 1) and write it alone, without calibration or clock")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     for name in ("threads", "prompts", "tokens", "repeats", "calib_prompts", "context", "cost_repeats"):
@@ -130,6 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     for w in widths:
         lo, med, hi = samples.spread("draft", w)
         print(f"  D({w:2d}) = {tcosts.draft_cost(w):.3f}   paired {lo:.3f} .. {hi:.3f}", flush=True)
+
+    if args.costs_only:
+        if args.out:
+            _write(args, argv, torch, transformers, target, load, {
+                "tree_costs": samples.to_json(),
+                "tree_cost_model": {"verify": list(tcosts.verify), "draft": list(tcosts.draft)}})
+        return 0
 
     # 2. calibration
     t0 = time.perf_counter()
@@ -267,13 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {r['mode']} prompt {r['prompt']} repeat {r['repeat']}: parts at answer token {where[0]}, "
                       f"the target's top-2 logits {where[1]:.1f} ulps apart in {dtype}")
     if args.out:
-        record = {
-            "preset": args.preset, "dtype": dtype, "batch": 1, "device": "cpu", "threads": torch.get_num_threads(),
-            "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs",
-            "load_average_min_max": [round(min(load), 2), round(max(load), 2)],
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "command": "python benchmarks/bench_trees.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        _write(args, argv, torch, transformers, target, load, {
             "tree_costs": samples.to_json(), "tree_cost_model": {"verify": list(tcosts.verify), "draft": list(tcosts.draft)},
             "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats,
             "calibration_prompts": args.calib_prompts, "best_builtin": best, "hf_default": HF_DEFAULT,
@@ -281,11 +285,27 @@ def main(argv: list[str] | None = None) -> int:
             "clocked_trees": [str(t) for t in trees], "modes": modes,
             "tokens_per_s": speed, "modelled_speedup": modelled, "ratios": ratios,
             "differ_from_plain": [list(d) for d in differ], "partings": partings,
-            "runs": [{k: v for k, v in r.items() if k != "ids"} for r in runs],
-        }
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {args.out}")
+            "runs": [{k: v for k, v in r.items() if k != "ids"} for r in runs]})
     return 0
+
+
+def _write(args: argparse.Namespace, argv: list[str] | None, torch: Any, transformers: Any, target: Any,
+           load: list[float], fields: dict[str, Any]) -> None:
+    """The record with its provenance, written whole (a temporary file renamed)."""
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    record = {
+        "preset": args.preset, "dtype": dtype, "batch": 1, "device": "cpu", "threads": torch.get_num_threads(),
+        "measured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs",
+        "load_average_min_max": [round(min(load), 2), round(max(load), 2)],
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "command": "python benchmarks/bench_trees.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        **fields}
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(out)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ KEPT_COLOR = "#2a7f62"
 OTHER_COLOR = "#8c8c8c"
 """Drafted nodes the target did not keep."""
 
-ROW_HEIGHT = 0.24
+ROW_HEIGHT = 0.34
 """Height (inches) per leaf of the tallest panel."""
 
 
@@ -71,7 +71,7 @@ def draft_trees(panels: Sequence[tuple[str, DraftTree, Sequence[int]]], label: C
     tallest = max(max(_leaves(t), 1) for _, t, _ in panels)
     fig = new_figure(height=max(1.6, ROW_HEIGHT * tallest + 0.7))
     # each panel as wide as its tree is deep (a label needs about one depth step of room)
-    depths = [max((d for d in t.depths), default=1) + 1.6 for _, t, _ in panels]
+    depths = [max((d for d in t.depths), default=1) + 1.1 for _, t, _ in panels]
     axes = fig.subplots(1, len(panels), squeeze=False, gridspec_kw={"width_ratios": depths})[0]
     for ax, (policy, tree, kept) in zip(axes, panels):
         kept_set = set(kept)
@@ -87,11 +87,13 @@ def draft_trees(panels: Sequence[tuple[str, DraftTree, Sequence[int]]], label: C
             ax.plot([x], [yv], "o", ms=5, mfc=KEPT_COLOR if kept_here else "white",
                     mec=KEPT_COLOR if kept_here else OTHER_COLOR, zorder=2,
                     gid=f"{'kept' if kept_here else 'node'}:{policy}:{i}")
-            ax.annotate(label(tree.tokens[i]), (x, yv), xytext=(4, 0), textcoords="offset points", va="center",
-                        fontsize=LEGEND_SIZE, color="black" if kept_here else "#555555")
+            # above the node, centred: a chain's labels then sit one depth apart instead of running into
+            # the next node
+            ax.annotate(label(tree.tokens[i]), (x, yv), xytext=(0, 4), textcoords="offset points", va="bottom",
+                        ha="center", fontsize=LEGEND_SIZE, color="black" if kept_here else "#555555")
         ax.set_title(f"{policy}\n{len(tree)} nodes, {len(kept_set)} kept", fontsize=TITLE_SIZE)
-        ax.set_xlim(-0.3, max((p[0] for p in pos), default=1) + 1.3)
-        ax.invert_yaxis()
+        ax.set_xlim(-0.5, max((p[0] for p in pos), default=1) + 0.6)
+        ax.set_ylim(max((p[1] for p in pos), default=0) + 0.5, -0.9)   # room above the top row's labels
         ax.set_yticks([])
         ax.set_xticks(range(0, int(max((p[0] for p in pos), default=1)) + 1))
         ax.set_xlabel("depth", fontsize=LABEL_SIZE)

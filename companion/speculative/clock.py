@@ -9,9 +9,10 @@ Two files per preset in ``companion/assets/measured_costs/`` (written by the scr
   greedy decoding, ``transformers``' assisted generation (its default schedule and the built-in
   chosen on calibration prompts) and this package's decoder under the certificate rule, timed side
   by side, with ratios over pairs of runs timed back to back;
-* ``<preset>_trees.json``: ``benchmarks/bench_trees.py``, the tree cost model (``V(N)``, ``D(w)``), every
-  candidate tree shape's modelled speed-up on calibration prompts, and the clock of plain decoding,
-  ``transformers``' assisted generation, our chain decoder and the best tree shape of each family.
+* ``<preset>_trees.json``: ``benchmarks/bench_trees.py``, the tree cost model (``V(N)``, ``D(w)``) and, unless
+  it was written with ``--costs-only``, every candidate tree shape's modelled speed-up on calibration prompts
+  and the clock of plain decoding, ``transformers``' assisted generation, our chain decoder and the best tree
+  shape of each family (its ``runs``).
 
 :func:`committed_costs`, :func:`committed_wallclock` and :func:`committed_trees` read them (``None`` when the preset has
 none); :func:`paired_ratio` is the ratio the benchmark reports, recomputed from its runs;
@@ -70,8 +71,11 @@ def committed_trees(preset: str, folder: Path | None = None) -> dict[str, Any] |
     """The preset's committed tree benchmark record (``benchmarks/bench_trees.py --out``), or ``None``."""
     record = _read((folder or MEASURED_DIR) / f"{preset}_trees.json")
     if record is not None:
-        missing = [k for k in ("runs", "modes", "tree_cost_model", "tree_costs", "clocked_trees", "best_tree",
-                               "calibration_modelled_tree", "modelled_speedup", "best_builtin") if k not in record]
+        # a record of the cost model alone (--costs-only) has no clock; one with runs has all of it
+        needed = ("tree_cost_model", "tree_costs") + (("modes", "clocked_trees", "best_tree", "best_builtin",
+                                                       "calibration_modelled_tree", "modelled_speedup")
+                                                      if "runs" in record else ())
+        missing = [k for k in needed if k not in record]
         if missing:
             raise ValueError(f"the tree benchmark record of {preset!r} lacks {', '.join(missing)}")
     return record
