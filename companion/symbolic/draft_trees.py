@@ -1,4 +1,4 @@
-"""Symbolic derivations (sympy) of a draft tree's expected accepted length, for :mod:`companion.speculative.tree.model`.
+"""Symbolic derivations (sympy) of a draft tree's expected accepted length, for ``companion.speculative.tree.model``.
 
 Under greedy verification a tree of rank paths ``T`` (closed under prefixes) keeps the text's path as deep as
 the text's ranks ``(R_1, .., R_d)`` stay in ``T``, so ``A = sum_{v in T} 1[(R_1..R_|v|) = v]`` and
@@ -6,7 +6,7 @@ the text's ranks ``(R_1, .., R_d)`` stay in ``T``, so ``A = sum_{v in T} 1[(R_1.
 ``P(prefix = v) = prod_j pi_j(v_j)``. Each function builds one side of an identity with symbols
 ``pi_{d,r} = P(R_d = r)``: :func:`accepted_by_nodes` sums over the tree's nodes, :func:`full_tree_factored`
 and :func:`spine_factored` are the factored forms the module docstring of
-:mod:`~companion.speculative.tree.model` states; ``tests/test_symbolic_trees.py`` checks that they agree and
+``companion.speculative.tree.model`` states; ``tests/test_symbolic_trees.py`` checks that they agree and
 that the library's numbers are their values.
 """
 from __future__ import annotations

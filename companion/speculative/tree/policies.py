@@ -248,7 +248,7 @@ class Certified(TreePolicy):
 
     At a spine node with drafter distribution ``q`` the certificate ``rho_m(q)`` (:mod:`companion.drafter`,
     ``tree:m``) is the least ``KL(p || q)`` of a target whose greedy token lies outside ``q``'s top ``m``; its score
-    ``u_m = 1 - exp(-rho_m)`` (:func:`~companion.speculative.tree.scores.tree_scores`) is calibrated online
+    ``u_m = 1 - exp(-rho_m)`` (``companion.speculative.tree.scores.tree_scores``) is calibrated online
     into ``s_m``, the probability that the target's token is within
     the top ``m`` (binned over every verified spine node and width, non-decreasing in ``u``, then in ``m``).
     With ``S`` the probability that the spine survives to the node (the product of the ``s_1`` above it), the
