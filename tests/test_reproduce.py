@@ -22,7 +22,7 @@ from tests.conftest import ROOT, write_notebook
 PLANNED = [
     "01_criteria_level_sets", "02_exact_certificate", "03_strict_greedy", "04_relaxed_criteria",
     "05_tree_decoding", "06_stochastic_contrast", "07_paper_evaluation", "08_real_drafter",
-    "09_your_own_models", "10_decode_time", "11_on_the_clock", "12_precision_and_ties",
+    "09_your_own_models", "10_decode_time", "11_on_the_clock", "12_precision_and_ties", "13_draft_trees",
 ]
 
 QUIET = dict(log=lambda *_: None)
