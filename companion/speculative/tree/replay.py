@@ -48,6 +48,7 @@ from companion.speculative.tree.policies import (
     TreePolicy,
     parse_tree_policy,
 )
+from companion.speculative.tree.model import check_rank_paths
 from companion.speculative.tree.scores import tree_scores
 from companion.speculative.tree.shape import DraftTree
 
@@ -304,11 +305,10 @@ def replay_ranks(ranks: Sequence[int], paths: Iterable[Sequence[int]], name: str
     end), emits that plus one token, and is priced with its drafter forwards as :func:`replay_tree` prices them
     (the nodes that have children are fed, depth by depth; the tokens of the kept path the drafter was not fed
     are its next round's first forward)."""
-    from companion.speculative.tree.model import check_rank_paths
-
     tree = check_rank_paths(paths)
     members = set(tree)
     parents = {p[:-1] for p in tree if len(p) > 1}
+    per_depth = {d: sum(1 for p in parents if len(p) == d) for d in {len(p) for p in parents}}
     acc: list[int] = []
     nodes: list[int] = []
     widths: list[tuple[int, ...]] = []
@@ -326,8 +326,7 @@ def replay_ranks(ranks: Sequence[int], paths: Iterable[Sequence[int]], name: str
         a = 0
         while a < cap and tuple(ranks[s:s + a + 1]) in members:
             a += 1
-        fed_depths = sorted({len(p) for p in parents if len(p) < cap})
-        w = (lag,) + tuple(sum(1 for p in parents if len(p) == d) for d in fed_depths)
+        w = (lag,) + tuple(per_depth[d] for d in sorted(per_depth) if d < cap)
         b = 0
         while b < a and tuple(ranks[s:s + b + 1]) in parents and b + 1 < cap:
             b += 1
