@@ -154,10 +154,12 @@ def test_probabilities_passed_as_logits_warn_once_per_call() -> None:
     (torch.tensor([[0.2, 0.7], [0.5, 0.5]]), False),    # a row summing to 0.9
     (torch.tensor([[-0.1, 1.1], [0.5, 0.5]]), False),   # sums to 1, yet outside [0, 1]
 ])
-def test_the_probability_heuristic(rows, warned) -> None:
+@pytest.mark.parametrize("hint", [False, True], ids=["scan", "row-max-hint"])
+def test_the_probability_heuristic(rows, warned, hint) -> None:
+    """The verdict is the same whether the rows' maxima come from the caller (a topk) or a scan."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert warn_if_probabilities(rows) is warned
+        assert warn_if_probabilities(rows, row_max=rows.amax(-1) if hint else None) is warned
     assert len(caught) == int(warned)
 
 

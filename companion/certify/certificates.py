@@ -491,7 +491,7 @@ def _tree_costs(s: TopSummary, flat: Tensor, rows: Tensor | None, m: int, divs: 
     return out
 
 
-def _warn_if_probabilities_as_logits(p: Tensor) -> None:
+def _warn_if_probabilities_as_logits(p: Tensor, row_max: Tensor | None = None) -> None:
     """One ``UserWarning`` when the rows of ``p``, given with ``from_logits=True``, look like probabilities.
 
     The same check and warning as :func:`companion.certify.verdicts.certified` (``warn_if_probabilities``):
@@ -508,7 +508,7 @@ def _warn_if_probabilities_as_logits(p: Tensor) -> None:
     if caller.f_globals.get("__name__") == "companion.certify.verdicts" and caller.f_code.co_name == "certified":
         return
     # stacklevel counts from warn_if_probabilities (1); this function is 2, the frame `depth` above it depth + 2
-    warn_if_probabilities(p, "target logits", stacklevel=depth + 2)
+    warn_if_probabilities(p, "target logits", stacklevel=depth + 2, row_max=row_max)
 
 
 def certificates(
@@ -552,8 +552,6 @@ def certificates(
     for c in crits:
         c.check_vocab(vocab)
         c.check_inputs(from_logits)
-    if from_logits:
-        _warn_if_probabilities_as_logits(p)
     k = max([top] + [c.top_needed(ties) + 1 for c in crits] + [m + 1 for m in widths])
     known = None
     if summary is None:
@@ -574,6 +572,8 @@ def certificates(
                 f"these certificates need {p.shape[:-1].numel()} rows x top {min(k, vocab)} of V={vocab}"
             )
         s = summary
+    if from_logits:  # after the summary: its top logits answer the check without a pass of its own
+        _warn_if_probabilities_as_logits(p, None if s.top_logits is None else s.top_logits[:, 0])
     flat = p.reshape(-1, vocab)
     if any(c.needs_entropy for c in crits) and s.entropy is None:
         entropy, entropy_err = _entropy_where_needed(flat, s, crits, from_logits, ties, known)

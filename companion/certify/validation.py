@@ -76,16 +76,22 @@ def check_distribution_tensor(p: Tensor, what: str = "p") -> None:
         raise ValueError(f"{what} must be a floating-point tensor, got {p.dtype}")
 
 
-def warn_if_probabilities(logits: Tensor, what: str = "logits", *, stacklevel: int = 2) -> bool:
+def warn_if_probabilities(logits: Tensor, what: str = "logits", *, stacklevel: int = 2,
+                          row_max: Tensor | None = None) -> bool:
     """Warn (and return True) when every row of ``logits`` lies in [0, 1] and sums to 1.
 
     Such rows are almost surely probabilities passed with ``from_logits=True``: softmax of
     them is nearly uniform and every certificate comes out wrong, with no error to show it.
     Only a heuristic (genuine logits can look like this), hence a warning, not an error.
+    ``row_max``: each row's largest value, when the caller already has it (a ``topk``): a row
+    above 1 settles the question without a pass over ``logits``. Otherwise the maximum is taken
+    first and the minimum only when it is needed (real logits almost always exceed 1 somewhere).
     """
     if logits.numel() == 0 or logits.device.type == "meta":
         return False
-    if bool((logits.amin() < 0) | (logits.amax() > 1)):
+    if row_max is not None and bool((row_max > 1).any()):
+        return False
+    if bool(logits.amax() > 1) or bool(logits.amin() < 0):
         return False
     sums = logits.sum(-1, dtype=torch.float64)
     tol = ROW_SUM_TOLERANCE.get(logits.dtype, 1e-4)
