@@ -15,10 +15,13 @@ any number of threads), is off by at most ``gamma_{s-1} sum |x_i|`` with
 binary summation tree, since no term passes through more than ``s - 1`` additions). For
 ``V = 151,936`` float32 terms that is ``9e-3`` of the sum: useless. The bound counts additions
 per term, so the engine bounds the count instead of trusting the kernel: it adds the row in
-float32 in ``V / 16`` partial sums of :data:`CHUNK` ``= 16`` terms each (``gamma_15 = 8.9e-7``,
-in any order), and the partial sums in float64 (``gamma_{V/16} < 1.1e-12``). A bound that holds
-for every kernel and thread count, at about 1.4 times the cost of a plain float32 sum; a pairwise
-tree of depth 4 (``gamma_4 = 2.4e-7``) cost 2.7 times, and summing every term in float64 more.
+float32 in ``V / 4`` partial sums of :data:`CHUNK` ``= 4`` terms each (``gamma_3 = 1.8e-7``,
+in any order), and the partial sums in float64 (``gamma_{V/4} < 4.3e-12``). A bound that holds
+for every kernel and thread count, at about 2.5 times the cost of a plain float32 sum over a row
+tile (measured, one thread: chunks of 16, 8 and 4 cost 1.3, 1.7 and 2.5 sums; chunks of 16,
+``gamma_15 = 8.9e-7``, left certificates of LM-like logits up to 1.4e-6 below the exact value,
+chunks of 4 leave 0.9e-6); a pairwise tree of depth 4 (``gamma_4 = 2.4e-7``) cost 2.7 times, and
+summing every term in float64 more.
 
 **Terms.** From logits ``l`` the pass computes ``x_i = exp(d_i)``, ``d_i = l_i - l(1) <= 0``, in
 float32. The subtraction rounds ``d`` to within ``u |d_i|``, and ``exp`` is within
@@ -73,7 +76,10 @@ from torch import Tensor
 U32 = 2.0**-24
 U64 = 2.0**-53
 #: Terms of each float32 partial sum before the partial sums go to float64.
-CHUNK = 16
+CHUNK = 4
+#: The same for the entropy's sums (``sum x log x``, ``sum x d``): the entropy moves a typical
+#: threshold, not the certificate itself, so a looser bound there costs little and the pass less.
+ENTROPY_CHUNK = 16
 #: Bound on the error of ``exp`` and ``log`` in float32, in units in the last place.
 EXP_ULPS = 2
 #: Explicit significand bits of the dtypes a model computes in.
@@ -127,7 +133,7 @@ def gamma(k: float, u: float) -> float:
     return k * u / (1.0 - k * u)
 
 
-def chunked_sum(x: Tensor) -> Tensor:
+def chunked_sum(x: Tensor, chunk: int = CHUNK) -> Tensor:
     """``sum_i x_i`` over the last axis of a 2-D tensor, float64 ``[N]``.
 
     float64 rows are summed as they are. Other rows (worked in float32): the first
@@ -135,24 +141,24 @@ def chunked_sum(x: Tensor) -> Tensor:
     other in float32 (one reduction over the block axis: each of the ``m`` partial sums adds
     ``CHUNK`` terms, in whatever order the kernel takes), then the partial sums and the last
     ``< CHUNK`` terms are added in float64. :func:`chunked_sum_error` bounds the result's error.
-    One read of the row and a write of ``1/CHUNK`` of it: measured at about 1.4 float32 sums, where
-    a pairwise tree of depth 4 (a third of the error bound) cost 2.7.
+    One read of the row and a write of ``1/CHUNK`` of it: measured at about 2.5 float32 sums, where
+    a pairwise tree of depth 4 (a larger bound) cost 2.7.
     """
     if x.dtype == torch.float64:
         return x.sum(-1)
     if x.dtype != torch.float32:
         x = x.float()
     n = x.shape[-1]
-    m = n // CHUNK
-    rest = x[:, m * CHUNK:].sum(-1, dtype=torch.float64) if m * CHUNK < n else None
+    m = n // chunk
+    rest = x[:, m * chunk:].sum(-1, dtype=torch.float64) if m * chunk < n else None
     if m == 0:
         return rest if rest is not None else torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    partial = x[:, : m * CHUNK].reshape(x.shape[0], CHUNK, m).sum(1)
+    partial = x[:, : m * chunk].reshape(x.shape[0], chunk, m).sum(1)
     total = partial.sum(-1, dtype=torch.float64)
     return total + rest if rest is not None else total
 
 
-def chunked_sum_error(n: int, dtype: torch.dtype) -> float:
+def chunked_sum_error(n: int, dtype: torch.dtype, chunk: int = CHUNK) -> float:
     """Relative bound (of ``sum |x_i|``) on the error of :func:`chunked_sum` over ``n`` terms of ``dtype``.
 
     float64: ``gamma_{n-1}`` (any order). Otherwise each term passes through at most ``CHUNK - 1``
@@ -160,8 +166,8 @@ def chunked_sum_error(n: int, dtype: torch.dtype) -> float:
     ``n / CHUNK + CHUNK`` numbers (``gamma`` of that count in float64)."""
     if dtype == torch.float64:
         return gamma(max(n - 1, 0), U64)
-    parts = n // CHUNK + CHUNK
-    return gamma(CHUNK - 1, U32) * (1 + gamma(parts, U64)) + gamma(parts, U64)
+    parts = n // chunk + chunk
+    return gamma(chunk - 1, U32) * (1 + gamma(parts, U64)) + gamma(parts, U64)
 
 
 def xlog_bound(total: Tensor, n: Tensor | int) -> Tensor:

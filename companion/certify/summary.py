@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certify.precision import (EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma, logits_dtype_name,
+from companion.certify.precision import (ENTROPY_CHUNK, EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma, logits_dtype_name,
                                         tie_band_tensor, underflow_error, underflow_xd_error, unit_roundoff,
                                         xlog2_bound, xlog_bound)
 from companion.certify.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
@@ -32,6 +32,9 @@ DEFAULT_TOP = 64
 # Row tiles for memory-bound passes on the CPU: a full-size temporary (a [256, 151936] clamp or
 # log) costs more in fresh-page faults than the arithmetic, while a ~2 MiB tile stays in cache.
 _TILE_BYTES = 2 * 2**20
+# Block size of the two-stage top-k on the CPU (row_topk): a max over 64 contiguous values
+# vectorises well, and k blocks of 64 leave few candidates for the second stage.
+_TOPK_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,39 @@ class TopSummary:
     def log_values(self) -> Tensor:
         """``logs``, or ``log(values)`` for a summary built without them."""
         return self.logs if self.logs is not None else torch.log(self.values)
+
+
+def row_topk(flat: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` largest values of each row of ``flat`` ``[N, V]``, sorted descending, and their indices.
+
+    ``torch.topk``'s values; on the CPU, for ``V >= 4 k B`` (``B = 64``), in two stages. The row is
+    cut into blocks of ``B`` contiguous values; the row's top ``k`` lie in the ``k`` blocks with the
+    largest maxima (plus the last ``V mod B`` values, always candidates): a value ``x`` in a block
+    left out has ``k`` block maxima ``>= x`` above it, one per chosen block, so if ``x`` exceeds the
+    ``k``-th value ``v(k)`` there would be ``k + 1`` values above ``v(k)``; and each chosen block
+    whose maximum is ``v(k)`` holds a value ``v(k)``, enough to fill the top ``k`` at a tie. So
+    ``topk`` over those ``k B`` candidates returns the row's top-``k`` values. The first stage is one
+    read of the row (a max per block), the second a ``topk`` over ``k B`` values: about half the
+    time of ``torch.topk`` over ``V = 151,936`` float32 values with ``k = 64`` (one thread). Among
+    values tied at the ``k``-th, which indices come back is unspecified, as with ``torch.topk``
+    (whose CPU kernel does not return the lowest index first either). NaN counts as the largest
+    value, as in ``torch.topk``.
+    """
+    n, vocab = flat.shape
+    b = _TOPK_BLOCK
+    if flat.device.type != "cpu" or 4 * k * b > vocab or flat.stride(-1) != 1:
+        return torch.topk(flat, k, dim=-1, largest=True, sorted=True)
+    nb = vocab // b
+    body = flat[:, : nb * b].view(n, nb, b)
+    blocks = torch.topk(body.amax(-1), k, dim=-1).indices  # [N, k]
+    cand = torch.gather(body, 1, blocks.unsqueeze(-1).expand(n, k, b)).view(n, k * b)
+    if nb * b < vocab:
+        cand = torch.cat([cand, flat[:, nb * b:]], 1)
+    values, pos = torch.topk(cand, k, dim=-1, largest=True, sorted=True)
+    in_blocks = pos < k * b
+    block = torch.gather(blocks, 1, torch.where(in_blocks, pos // b, 0))
+    idx = torch.where(in_blocks, block * b + pos % b, nb * b + (pos - k * b))
+    return values, idx
 
 
 def row_tiles(n_rows: int, vocab: int, itemsize: int, device: torch.device) -> Iterator[slice]:
@@ -229,10 +265,11 @@ def summarize_partial(
     flat = p.reshape(-1, vocab)
     u = unit_roundoff(flat.dtype)
     chunk = chunked_sum_error(vocab, flat.dtype)
+    chunk_h = chunked_sum_error(vocab, flat.dtype, ENTROPY_CHUNK)  # the entropy's sums
     # The normaliser always splits at the same K_norm, whatever k is asked for, so every
     # function of the library normalises a row to the same float64 numbers.
     k_norm = min(DEFAULT_TOP, vocab)
-    top, idx = torch.topk(flat, max(k, k_norm), dim=-1, largest=True, sorted=True)
+    top, idx = row_topk(flat, max(k, k_norm))
     # Tail sums needed in the pass over the rows: at K_norm for a new normaliser, and at
     # max(k, K_norm) for the summary's tail (below K_norm the tail is that split's plus the values
     # in between: splitting at a small k would cancel k x(k) against a much smaller tail).
@@ -295,7 +332,7 @@ def summarize_partial(
                 n_t = vocab - k_norm
                 xd_err = xd_err + (u * ((2 * EXP_ULPS + 3) * xlog_bound(tail, n_t) + xlog2_bound(tail, n_t)
                                         + torch.where(kth > 0, k_norm * kth * dk * (2 * EXP_ULPS + 4 + dk), 0.0))
-                                   + chunk * xd_clamped.abs() + gamma(k_norm + 2, U64) * (kth32 * d_top).abs()
+                                   + chunk_h * xd_clamped.abs() + gamma(k_norm + 2, U64) * (kth32 * d_top).abs()
                                    + vocab * underflow_xd_error(flat.dtype, flat.device)
                                    + k_norm * under * d_top.abs())
             one = 1 + rest
@@ -351,7 +388,7 @@ def summarize_partial(
             j = partial
             partial = j / norm + torch.log(norm)
             # each x log x within (2 EXP_ULPS + 1) u, the chunked sum; the normaliser's error twice
-            j_err = ((2 * EXP_ULPS + 1) * u + chunk) * j.abs() * (1 + 1e-6) + vocab * 1e-36
+            j_err = ((2 * EXP_ULPS + 1) * u + chunk_h) * j.abs() * (1 + 1e-6) + vocab * 1e-36
             s_err = norm.abs() * torch.expm1(log_err) if log_err is not None else torch.zeros_like(norm)
             entropy_err = (j_err / norm + j.abs() * s_err / norm**2 + s_err / norm
                            + 8 * U64 * (partial.abs() + 1)) * (1 + 1e-6)
@@ -394,7 +431,7 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
             buf[i] = torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf[i][: like.shape[0]]
 
-    def tile(rows: Tensor, *args: Tensor) -> Tensor:
+    def tile(rows: Tensor, *args: Tensor, finite_d: bool = False) -> Tensor:
         if with_ent:
             want, args = args[-1], args[:-1]
         if shift is None:
@@ -404,7 +441,7 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
         else:
             work = rows if rows.dtype in (torch.float32, torch.float64) else rows.float()
             d = torch.sub(work, args[0].unsqueeze(1).to(work.dtype), out=scratch(0, work))
-            if with_ent:  # -inf logits: x = 0 and a finite d, so that x d = 0 (not 0 * -inf)
+            if finite_d:  # -inf logits: x = 0 and a finite d, so that x d = 0 (not 0 * -inf)
                 d.clamp_(min=-torch.finfo(d.dtype).max)
             x = torch.exp(d, out=scratch(1, work))
             ks = args[1:]
@@ -413,9 +450,13 @@ def _row_tail_sums(flat: Tensor, splits: list[int], kths: list[Tensor], shift: T
                 clamped = scratch(2, work)
                 cols.append(_tail_sum(x, kth.to(x.dtype), s, out=clamped))
                 if with_ent and i == 0:  # the clamp at the first split, times d: the tail's sum x d
-                    xd_col = chunked_sum(torch.mul(clamped, d, out=clamped))
+                    xd_col = chunked_sum(torch.mul(clamped, d, out=clamped), ENTROPY_CHUNK)
             if with_ent:
-                cols.append(xd_col if splits else chunked_sum(torch.mul(x, d, out=d)))
+                cols.append(xd_col if splits else chunked_sum(torch.mul(x, d, out=d), ENTROPY_CHUNK))
+                # x d is NaN only where a logit is -inf (0 * -inf) or NaN: only then is the tile
+                # redone with d clamped to a finite value (a pass the common tile does without)
+                if not finite_d and bool(cols[-1].isnan().any()):
+                    return tile(rows, *args, want, finite_d=True)
             return torch.stack(cols, dim=1) if cols else torch.empty(rows.shape[0], 0, dtype=torch.float64)
         if with_ent:
             ent = torch.full_like(want, torch.nan, dtype=torch.float64)
@@ -448,7 +489,7 @@ def _neg_xlogx_sum(rows: Tensor, out: Tensor | None = None) -> Tensor:
     # value, the chunked sum within chunked_sum_error (summarize_partial's entropy_err).
     tiny = torch.finfo(work.dtype).tiny
     clamped = work.clamp(min=tiny) if out is None else torch.clamp(work, min=tiny, out=out)
-    return -chunked_sum(clamped.log_().mul_(work))
+    return -chunked_sum(clamped.log_().mul_(work), ENTROPY_CHUNK)
 
 
 def entropy_of_rows(flat: Tensor, norm: Tensor, from_logits: bool) -> Tensor:
@@ -495,7 +536,8 @@ def entropy_with_error(flat: Tensor, norm: Tensor, from_logits: bool,
     # H of p/S equals H(p)/S + log S for an unnormalised row with sum S.
     j = _neg_xlogx_sum(work)
     h = j / norm + torch.log(norm)
-    j_err = ((2 * EXP_ULPS + 1) * u + chunk) * j.abs() * (1 + 1e-6) + vocab * 1e-36
+    j_err = ((2 * EXP_ULPS + 1) * u + chunked_sum_error(vocab, flat.dtype, ENTROPY_CHUNK)) * j.abs() * (1 + 1e-6)
+    j_err = j_err + vocab * 1e-36
     s_err = norm.abs() * torch.expm1(log_err) if log_err is not None else torch.zeros_like(norm)
     err = j_err / norm + j.abs() * s_err / norm**2 + s_err / norm + 8 * U64 * (h.abs() + 1)
     return h, err * (1 + 1e-6)
