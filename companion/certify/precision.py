@@ -137,10 +137,11 @@ def chunked_sum(x: Tensor, chunk: int = CHUNK) -> Tensor:
     """``sum_i x_i`` over the last axis of a 2-D tensor, float64 ``[N]``.
 
     float64 rows are summed as they are. Other rows (worked in float32): the first
-    ``m * CHUNK`` terms are viewed as ``CHUNK`` blocks of ``m`` and the blocks added onto each
+    ``m * chunk`` terms are viewed as ``chunk`` blocks of ``m`` and the blocks added onto each
     other in float32 (one reduction over the block axis: each of the ``m`` partial sums adds
-    ``CHUNK`` terms, in whatever order the kernel takes), then the partial sums and the last
-    ``< CHUNK`` terms are added in float64. :func:`chunked_sum_error` bounds the result's error.
+    ``chunk`` terms, in whatever order the kernel takes), then the partial sums and the last
+    ``< chunk`` terms are added in float64. ``chunk``: :data:`CHUNK` by default (tail sums),
+    :data:`ENTROPY_CHUNK` for the entropy's sums. :func:`chunked_sum_error` bounds the result's error.
     One read of the row and a write of ``1/CHUNK`` of it: measured at about 2.5 float32 sums, where
     a pairwise tree of depth 4 (a larger bound) cost 2.7.
     """
@@ -161,9 +162,9 @@ def chunked_sum(x: Tensor, chunk: int = CHUNK) -> Tensor:
 def chunked_sum_error(n: int, dtype: torch.dtype, chunk: int = CHUNK) -> float:
     """Relative bound (of ``sum |x_i|``) on the error of :func:`chunked_sum` over ``n`` terms of ``dtype``.
 
-    float64: ``gamma_{n-1}`` (any order). Otherwise each term passes through at most ``CHUNK - 1``
-    float32 additions (``gamma_{CHUNK-1}``, any order) and the float64 sum of at most
-    ``n / CHUNK + CHUNK`` numbers (``gamma`` of that count in float64)."""
+    float64: ``gamma_{n-1}`` (any order). Otherwise each term passes through at most ``chunk - 1``
+    float32 additions (``gamma_{chunk-1}``, any order) and the float64 sum of at most
+    ``n / chunk + chunk`` numbers (``gamma`` of that count in float64)."""
     if dtype == torch.float64:
         return gamma(max(n - 1, 0), U64)
     parts = n // chunk + chunk

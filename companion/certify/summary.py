@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from companion.certify.precision import (ENTROPY_CHUNK, EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma, logits_dtype_name,
-                                        tie_band_tensor, underflow_error, underflow_xd_error, unit_roundoff,
-                                        xlog2_bound, xlog_bound)
+from companion.certify.precision import (ENTROPY_CHUNK, EXP_ULPS, U64, chunked_sum, chunked_sum_error, gamma,
+                                        logits_dtype_name, tie_band_tensor, underflow_error, underflow_xd_error,
+                                        unit_roundoff, xlog2_bound, xlog_bound)
 from companion.certify.validation import check_distribution_tensor, check_logit_rows, check_probability_rows
 
 DEFAULT_TOP = 64
